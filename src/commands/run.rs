@@ -1,0 +1,85 @@
+//! `tally run`: runs a topology until SIGTERM or Ctrl-C, then commits and leaves the group.
+
+use crate::config;
+use crate::engine::{self, Shutdown};
+use crate::metrics::{Metrics, Totals};
+use crate::topology::Topology;
+use anyhow::{Context, Result};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Loads and runs a topology file as `instance_id`.
+pub fn run(path: &Path, instance_id: &str) -> Result<()> {
+    let topology = Arc::new(config::load_file(path)?);
+    let metrics = Arc::new(Metrics::new(&topology.application_id).context("registering metrics")?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let shutdown = Shutdown::default();
+    tracing::info!(application_id = %topology.application_id, instance_id, bootstrap = %topology.kafka.bootstrap_servers, "tally starting");
+    rt.block_on(async {
+        tokio::spawn(stop_on_signal(shutdown.clone()));
+        engine::run(topology.clone(), instance_id, metrics.clone(), shutdown).await
+    })?;
+    log_totals(&topology, &metrics.totals(&pipeline_names(&topology)));
+    Ok(())
+}
+
+/// The names of a topology's pipelines (metric label values).
+pub fn pipeline_names(t: &Topology) -> Vec<String> {
+    t.pipelines.iter().map(|p| p.name.clone()).collect()
+}
+
+fn log_totals(t: &Topology, totals: &Totals) {
+    let reasons: Vec<String> = totals
+        .dead_lettered
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{r}={n}"))
+        .collect();
+    tracing::info!(
+        application_id = %t.application_id,
+        records_in = totals.records_in,
+        records_out = totals.records_out,
+        duplicates = totals.duplicates,
+        dead_lettered = totals.dead_lettered_total(),
+        dead_letter_reasons = %reasons.join(","),
+        "tally stopped"
+    );
+}
+
+async fn stop_on_signal(shutdown: Shutdown) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops tally");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("stop requested: committing the open transaction and leaving the group");
+    shutdown.trigger();
+}
+
+/// The host name, as the default instance id (stable across restarts on one host).
+pub fn default_instance_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "tally-0".to_string())
+}

@@ -1,0 +1,128 @@
+//! The topology file as written: lenient types with locations, checked by `validate`.
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+use std::collections::BTreeMap;
+
+/// A located string.
+pub type Text = Spanned<String>;
+
+/// Top level of a topology file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTopology {
+    pub application_id: Option<Text>,
+    pub kafka: Option<RawKafka>,
+    pub processing: Option<RawProcessing>,
+    pub state: Option<RawState>,
+    pub sources: Option<Spanned<BTreeMap<String, Spanned<RawSource>>>>,
+    pub pipelines: Option<Spanned<Vec<Spanned<RawPipeline>>>>,
+    pub dead_letter: Option<Spanned<RawDeadLetter>>,
+}
+
+/// `kafka:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKafka {
+    pub bootstrap_servers: Option<Text>,
+    #[serde(default)]
+    pub properties: BTreeMap<String, Spanned<Scalar>>,
+}
+
+/// A librdkafka property value: YAML scalars all become strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Scalar {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl Scalar {
+    /// The value as librdkafka expects it.
+    pub fn to_property(&self) -> String {
+        match self {
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Str(s) => s.clone(),
+        }
+    }
+}
+
+/// `processing:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProcessing {
+    pub guarantee: Option<Text>,
+    pub commit_interval_ms: Option<Spanned<u64>>,
+    pub threads: Option<Spanned<u64>>,
+    pub max_record_bytes: Option<Spanned<u64>>,
+}
+
+/// `state:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawState {
+    pub dir: Option<Text>,
+}
+
+/// One entry of `sources:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSource {
+    pub topic: Option<Text>,
+    pub format: Option<Text>,
+}
+
+/// One entry of `pipelines:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPipeline {
+    pub name: Option<Text>,
+    pub from: Option<Text>,
+    pub key: Option<Text>,
+    pub correlation_id: Option<RawCorrelation>,
+    pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
+    pub to: Option<Spanned<RawOutput>>,
+}
+
+/// `correlation_id:` of a pipeline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCorrelation {
+    pub header: Option<Text>,
+    pub field: Option<Text>,
+}
+
+/// One entry of `routes:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub when: Option<RawWhen>,
+    pub strategy: Option<Text>,
+    pub retention: Option<Text>,
+}
+
+/// `when:` of a route.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWhen {
+    pub event_type: Option<Text>,
+}
+
+/// `to:` of a pipeline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawOutput {
+    pub topic: Option<Text>,
+    pub key: Option<Text>,
+}
+
+/// `dead_letter:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeadLetter {
+    pub topic: Option<Text>,
+}

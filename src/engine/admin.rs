@@ -1,0 +1,77 @@
+//! Startup checks of the topics a topology uses, and creation of its changelog topics.
+
+use super::clients;
+use crate::topology::Topology;
+use anyhow::{bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::runtime::Handle;
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Checks every source topic exists and creates missing changelog topics, compacted, with the
+/// source's partition count. Returns each source topic's partition count.
+///
+/// Blocking: call it from a blocking thread; `rt` drives the admin futures.
+pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>> {
+    let admin: AdminClient<DefaultClientContext> = clients::base(t)
+        .create()
+        .context("cannot create the Kafka admin client; check `kafka.properties`")?;
+    let mut partitions = BTreeMap::new();
+    for p in &t.pipelines {
+        let n = partition_count(&admin, &p.input_topic)?.with_context(|| {
+            format!(
+                "source topic `{}` of pipeline `{}` does not exist on {}; create it (its partition count fixes the task count)",
+                p.input_topic, p.name, t.kafka.bootstrap_servers
+            )
+        })?;
+        partitions.insert(p.input_topic.clone(), n);
+        let changelog = t.changelog_topic(&p.dedup_store());
+        ensure_changelog(&admin, rt, &changelog, n)?;
+    }
+    Ok(partitions)
+}
+
+fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Result<Option<i32>> {
+    let md = admin
+        .inner()
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .with_context(|| format!("cannot read metadata of topic `{topic}`: is the broker reachable?"))?;
+    let Some(tm) = md.topics().iter().find(|tm| tm.name() == topic) else {
+        return Ok(None);
+    };
+    match tm.error() {
+        None if !tm.partitions().is_empty() => Ok(Some(tm.partitions().len() as i32)),
+        None => Ok(None),
+        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(None),
+        Some(e) => bail!("metadata of topic `{topic}`: {}", RDKafkaErrorCode::from(e)),
+    }
+}
+
+fn ensure_changelog(admin: &AdminClient<DefaultClientContext>, rt: &Handle, topic: &str, partitions: i32) -> Result<()> {
+    if let Some(existing) = partition_count(admin, topic)? {
+        if existing != partitions {
+            bail!(
+                "changelog topic `{topic}` has {existing} partitions but its source has {partitions}; \
+                 a changelog must match its source: delete the changelog topic and the state directory to rebuild"
+            );
+        }
+        return Ok(());
+    }
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let results = rt
+        .block_on(admin.create_topics([&new], &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT))))
+        .with_context(|| format!("cannot create changelog topic `{topic}`"))?;
+    for r in results {
+        match r {
+            Ok(_) => tracing::info!(topic, partitions, "created changelog topic"),
+            // Another instance created it first: check it like an existing one.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => return ensure_changelog(admin, rt, topic, partitions),
+            Err((name, code)) => bail!("cannot create changelog topic `{name}`: {code}"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,62 @@
+//! Kafka client configurations: the user's properties, then the settings exactly-once needs.
+
+use crate::topology::Topology;
+use rdkafka::ClientConfig;
+
+/// Bootstrap servers and the topology's pass-through properties.
+pub fn base(t: &Topology) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in &t.kafka.properties {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", &t.kafka.bootstrap_servers);
+    c
+}
+
+/// The group consumer of a stream thread: read_committed, manual offsets in transactions.
+pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
+    let mut c = base(t);
+    c.set("group.id", &t.application_id)
+        .set("client.id", client_id)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set_if_absent("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky");
+    c
+}
+
+/// The transactional producer of a stream thread.
+pub fn transactional_producer(t: &Topology, transactional_id: &str) -> ClientConfig {
+    let mut c = base(t);
+    c.set("transactional.id", transactional_id)
+        .set("client.id", transactional_id)
+        .set("enable.idempotence", "true")
+        .set_if_absent("transaction.timeout.ms", "60000")
+        .set_if_absent("linger.ms", "5");
+    c
+}
+
+/// A group-less consumer that reads a changelog partition to its committed end.
+pub fn restore_consumer(t: &Topology) -> ClientConfig {
+    let mut c = base(t);
+    c.set("group.id", format!("{}-restore", t.application_id))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set_if_absent("fetch.max.bytes", "52428800");
+    c
+}
+
+trait SetIfAbsent {
+    fn set_if_absent(&mut self, key: &str, value: &str) -> &mut Self;
+}
+
+impl SetIfAbsent for ClientConfig {
+    fn set_if_absent(&mut self, key: &str, value: &str) -> &mut Self {
+        if self.get(key).is_none() {
+            self.set(key, value);
+        }
+        self
+    }
+}

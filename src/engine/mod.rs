@@ -1,0 +1,83 @@
+//! The engine: prepares topics, runs stream threads, stops cleanly.
+
+pub mod admin;
+pub mod clients;
+pub mod errors;
+pub mod producer;
+pub mod restore;
+pub mod stream_thread;
+pub mod task;
+
+use crate::metrics::Metrics;
+use crate::store::StoreEnv;
+use crate::topology::Topology;
+use anyhow::{anyhow, Context, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A stop request shared by the signal handler and every stream thread.
+#[derive(Clone, Default)]
+pub struct Shutdown(Arc<AtomicBool>);
+
+impl Shutdown {
+    /// Asks every thread to commit and stop.
+    pub fn trigger(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// True once a stop was requested.
+    pub fn is_triggered(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps up to `d`, returning early (with `true`) when a stop is requested.
+    pub fn wait(&self, d: Duration) -> bool {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            if self.is_triggered() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
+        }
+        self.is_triggered()
+    }
+}
+
+/// Runs `topology` as instance `instance_id` until `shutdown` is triggered.
+pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metrics>, shutdown: Shutdown) -> Result<()> {
+    let t = topology.clone();
+    let rt = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || admin::prepare_topics(&t, &rt))
+        .await
+        .context("topic preparation panicked")??;
+    let state = topology.state_dir.join(&topology.application_id);
+    std::fs::create_dir_all(&state).with_context(|| {
+        format!("state directory {} cannot be created; set `state.dir` to a writable path", state.display())
+    })?;
+    let store_env = Arc::new(StoreEnv::default());
+    let mut handles = Vec::new();
+    for index in 0..topology.processing.threads {
+        let cfg = stream_thread::ThreadConfig {
+            topology: topology.clone(),
+            index,
+            instance_id: instance_id.to_string(),
+            metrics: metrics.clone(),
+            store_env: store_env.clone(),
+            shutdown: shutdown.clone(),
+        };
+        // librdkafka's transaction calls block: they get OS threads, not tokio workers.
+        let handle = std::thread::Builder::new()
+            .name(format!("tally-stream-{index}"))
+            .spawn(move || stream_thread::run(cfg))
+            .context("cannot start a stream thread")?;
+        handles.push(handle);
+    }
+    tokio::task::spawn_blocking(move || {
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().map_err(|_| anyhow!("a stream thread panicked")))
+    })
+    .await
+    .context("joining stream threads")?
+}

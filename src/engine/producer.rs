@@ -1,0 +1,164 @@
+//! The transactional producer of a stream thread, and the changelog offsets it delivered.
+
+use super::errors::{classify, ErrorClass};
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{ClientConfig, ClientContext, Message, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Highest delivered offset per (topic, partition) since the last take.
+type Delivered = HashMap<(String, i32), i64>;
+
+/// Records the offsets of delivered records, so stores can note which changelog offset they
+/// reflect.
+#[derive(Default)]
+pub struct DeliveryTracker {
+    delivered: Mutex<Delivered>,
+}
+
+impl ClientContext for DeliveryTracker {}
+
+impl ProducerContext for DeliveryTracker {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        // Failed deliveries need no bookkeeping: they make the transaction abortable.
+        if let Ok(m) = result {
+            if let Ok(mut d) = self.delivered.lock() {
+                let e = d.entry((m.topic().to_string(), m.partition())).or_insert(m.offset());
+                *e = (*e).max(m.offset());
+            }
+        }
+    }
+}
+
+/// One outgoing record.
+pub struct Outgoing<'a> {
+    /// Destination topic.
+    pub topic: &'a str,
+    /// Fixed partition (changelogs), or `None` to partition by key.
+    pub partition: Option<i32>,
+    /// Message key.
+    pub key: Option<&'a [u8]>,
+    /// Message value; `None` is a tombstone.
+    pub payload: Option<&'a [u8]>,
+    /// Message headers.
+    pub headers: OwnedHeaders,
+}
+
+/// A transactional producer with the transaction begun lazily on the first send.
+pub struct TxnProducer {
+    producer: BaseProducer<DeliveryTracker>,
+    in_transaction: bool,
+    timeout: Duration,
+}
+
+impl TxnProducer {
+    /// Creates the producer and initialises transactions, fencing older producers of the same
+    /// transactional id (and aborting what they left open).
+    pub fn new(config: &ClientConfig, timeout: Duration) -> KafkaResult<Self> {
+        let producer: BaseProducer<DeliveryTracker> = config.create_with_context(DeliveryTracker::default())?;
+        retry(timeout, || producer.init_transactions(timeout))?;
+        Ok(Self {
+            producer,
+            in_transaction: false,
+            timeout,
+        })
+    }
+
+    /// True while a transaction is open.
+    pub fn in_transaction(&self) -> bool {
+        self.in_transaction
+    }
+
+    /// Opens a transaction unless one is open.
+    pub fn begin(&mut self) -> KafkaResult<()> {
+        if !self.in_transaction {
+            self.producer.begin_transaction()?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+
+    /// Sends a record inside the open transaction (opening one if needed), waiting while the
+    /// local queue is full.
+    pub fn send(&mut self, out: Outgoing<'_>) -> KafkaResult<()> {
+        self.begin()?;
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(out.topic).headers(out.headers);
+        if let Some(p) = out.partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = out.key {
+            record = record.key(k);
+        }
+        if let Some(v) = out.payload {
+            record = record.payload(v);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(50));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Serves delivery reports.
+    pub fn poll(&self) {
+        self.producer.poll(Duration::ZERO);
+    }
+
+    /// Adds the consumed offsets to the transaction and commits it. Returns the highest
+    /// delivered offset per partition.
+    pub fn commit(&mut self, offsets: &TopicPartitionList, group: &ConsumerGroupMetadata) -> KafkaResult<Delivered> {
+        self.begin()?;
+        if offsets.count() > 0 {
+            retry(self.timeout, || {
+                self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
+            })?;
+        }
+        retry(self.timeout, || self.producer.commit_transaction(self.timeout))?;
+        self.in_transaction = false;
+        Ok(self.take_delivered())
+    }
+
+    /// Aborts the open transaction, if any, and forgets its delivered offsets.
+    pub fn abort(&mut self) -> KafkaResult<()> {
+        if self.in_transaction {
+            retry(self.timeout, || self.producer.abort_transaction(self.timeout))?;
+            self.in_transaction = false;
+        }
+        self.take_delivered();
+        Ok(())
+    }
+
+    fn take_delivered(&self) -> Delivered {
+        self.producer
+            .context()
+            .delivered
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default()
+    }
+}
+
+/// Repeats a call while it fails with a retriable error, up to `budget`.
+fn retry(budget: Duration, mut call: impl FnMut() -> KafkaResult<()>) -> KafkaResult<()> {
+    let deadline = Instant::now() + budget;
+    loop {
+        match call() {
+            Err(e) if classify(&e) == ErrorClass::Retriable && Instant::now() < deadline => {
+                tracing::debug!(error = %e, "retriable Kafka error, retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}

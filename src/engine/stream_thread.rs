@@ -1,0 +1,313 @@
+//! A stream thread: one group consumer and one transactional producer serving many tasks,
+//! committing outputs, changelogs and offsets in one transaction every commit interval.
+
+use super::clients;
+use super::errors::{classify, EngineError, ErrorClass};
+use super::producer::TxnProducer;
+use super::restore;
+use super::task::{Counts, ProcessError, Task};
+use super::Shutdown;
+use crate::metrics::Metrics;
+use crate::processors::PipelineProcessor;
+use crate::store::{StoreEnv, TaskStore};
+use crate::topology::Topology;
+use anyhow::{anyhow, Context as _};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const POLL: Duration = Duration::from_millis(50);
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Commit early when a transaction has this many records, to bound the overlay's memory.
+const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
+
+/// Everything a stream thread needs, shared with the other threads of the instance.
+#[derive(Clone)]
+pub struct ThreadConfig {
+    /// The topology to run.
+    pub topology: Arc<Topology>,
+    /// Index of this thread within the instance.
+    pub index: usize,
+    /// Stable instance id (part of the transactional id).
+    pub instance_id: String,
+    /// Metrics of the instance.
+    pub metrics: Arc<Metrics>,
+    /// Shared RocksDB memory.
+    pub store_env: Arc<StoreEnv>,
+    /// Set when the instance should stop.
+    pub shutdown: Shutdown,
+}
+
+/// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
+/// followed by a fresh one after a backoff, so errors never become a crash loop.
+pub fn run(cfg: ThreadConfig) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        match generation(&cfg) {
+            Ok(()) => return,
+            Err(EngineError::TaskMigrated(why)) => {
+                tracing::warn!(thread = cfg.index, %why, "tasks migrated; closing them and rejoining the group");
+                backoff = Duration::from_millis(500);
+            }
+            Err(EngineError::Fatal(e)) => {
+                tracing::error!(thread = cfg.index, error = %format!("{e:#}"), backoff_ms = backoff.as_millis() as u64, "stream thread failed; restarting its clients");
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+        if cfg.shutdown.wait(backoff) {
+            return;
+        }
+    }
+}
+
+fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
+    let t = &cfg.topology;
+    let txn_id = format!("{}-{}-{}", t.application_id, cfg.instance_id, cfg.index);
+    let producer = TxnProducer::new(&clients::transactional_producer(t, &txn_id), KAFKA_TIMEOUT)
+        .map_err(|e| EngineError::from_kafka(e, "initialising the transactional producer"))?;
+    let state = ThreadState {
+        cfg: cfg.clone(),
+        producer,
+        tasks: HashMap::new(),
+        pending_since: None,
+        pending_records: 0,
+        restore_config: clients::restore_consumer(t),
+        failure: None,
+    };
+    let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
+        .create_with_context(StreamContext {
+            state: Mutex::new(state),
+        })
+        .map_err(|e| EngineError::Fatal(anyhow!(e).context("creating the consumer")))?;
+    let topics: Vec<&str> = t.pipelines.iter().map(|p| p.input_topic.as_str()).collect();
+    consumer
+        .subscribe(&topics)
+        .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing")))?;
+    tracing::info!(thread = cfg.index, transactional_id = %txn_id, "stream thread started");
+    let ctx = consumer.context();
+    while !cfg.shutdown.is_triggered() {
+        let polled = consumer.poll(POLL);
+        let mut st = lock(ctx)?;
+        if let Some(e) = st.failure.take() {
+            return Err(e);
+        }
+        match polled {
+            Some(Ok(msg)) => st.process(&consumer, &msg)?,
+            Some(Err(e)) => match classify(&e) {
+                ErrorClass::Fenced => return Err(EngineError::TaskMigrated(e.to_string())),
+                _ => tracing::warn!(error = %e, "consumer error"),
+            },
+            None => {}
+        }
+        st.producer.poll();
+        if st.commit_due() {
+            st.commit(&consumer)?;
+        }
+    }
+    lock(ctx)?.commit(&consumer)?;
+    tracing::info!(thread = cfg.index, "stream thread stopping: last transaction committed, leaving the group");
+    Ok(())
+}
+
+fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError> {
+    ctx.state
+        .lock()
+        .map_err(|_| EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic")))
+}
+
+/// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
+struct StreamContext {
+    state: Mutex<ThreadState>,
+}
+
+impl ClientContext for StreamContext {}
+
+impl ConsumerContext for StreamContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Ok(mut st) = self.state.lock() else { return };
+        st.cfg.metrics.rebalances.inc();
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                // The revoked tasks' work must be committed (or aborted) before they go.
+                if st.failure.is_none() {
+                    if let Err(e) = st.commit(consumer) {
+                        st.abort_quietly();
+                        st.failure = Some(e);
+                    }
+                }
+                for el in tpl.elements() {
+                    if st.tasks.remove(&(el.topic().to_string(), el.partition())).is_some() {
+                        tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
+                    }
+                }
+            }
+            Rebalance::Assign(tpl) => {
+                let parts: Vec<String> = tpl.elements().iter().map(|e| format!("{}[{}]", e.topic(), e.partition())).collect();
+                tracing::info!(partitions = %parts.join(","), "partitions assigned");
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+}
+
+/// The mutable state of a stream thread, reachable from the loop and the rebalance callback.
+struct ThreadState {
+    cfg: ThreadConfig,
+    producer: TxnProducer,
+    tasks: HashMap<(String, i32), Task>,
+    pending_since: Option<Instant>,
+    pending_records: usize,
+    restore_config: ClientConfig,
+    failure: Option<EngineError>,
+}
+
+impl ThreadState {
+    fn process(&mut self, consumer: &BaseConsumer<StreamContext>, msg: &BorrowedMessage<'_>) -> Result<(), EngineError> {
+        let key = (msg.topic().to_string(), msg.partition());
+        if !self.tasks.contains_key(&key) {
+            let task = self.open_task(&key.0, key.1)?;
+            self.tasks.insert(key.clone(), task);
+        }
+        let task = self
+            .tasks
+            .get_mut(&key)
+            .ok_or_else(|| EngineError::Fatal(anyhow!("task {}[{}] vanished", key.0, key.1)))?;
+        self.pending_since.get_or_insert_with(Instant::now);
+        self.pending_records += 1;
+        match task.process(msg, &mut self.producer) {
+            Ok(()) => Ok(()),
+            Err(ProcessError::Engine(e)) => Err(e),
+            Err(ProcessError::Kafka(e)) => match classify(&e) {
+                ErrorClass::Abortable | ErrorClass::Retriable => {
+                    tracing::warn!(error = %e, "produce failed; aborting the transaction and rewinding");
+                    self.abort_and_rewind(consumer)
+                }
+                _ => Err(EngineError::from_kafka(e, "producing")),
+            },
+        }
+    }
+
+    fn open_task(&self, topic: &str, partition: i32) -> Result<Task, EngineError> {
+        let t = &self.cfg.topology;
+        let (_, pipeline) = t
+            .pipeline_for_topic(topic)
+            .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
+        let stores = vec![pipeline.dedup_store()];
+        let changelogs: Vec<String> = stores.iter().map(|s| t.changelog_topic(s)).collect();
+        let dir = t.state_dir.join(&t.application_id).join(format!("{}-{partition}", pipeline.name));
+        let fatal = |e: anyhow::Error| EngineError::Fatal(e);
+        let mut store = TaskStore::open(&dir, &stores, &self.cfg.store_env)
+            .with_context(|| format!("opening the state of task {}-{partition}", pipeline.name))
+            .map_err(fatal)?;
+        for (i, changelog) in changelogs.iter().enumerate() {
+            restore::restore(&self.restore_config, &mut store, i, changelog, partition, &self.cfg.metrics)
+                .with_context(|| format!("restoring task {}-{partition}", pipeline.name))
+                .map_err(fatal)?;
+        }
+        let processor = PipelineProcessor::new(Arc::new(pipeline.clone()), t.processing.max_record_bytes, 0);
+        tracing::info!(task = %format!("{}-{partition}", pipeline.name), "task ready");
+        Ok(Task::new(partition, processor, store, changelogs, t.dead_letter_topic.clone()))
+    }
+
+    fn commit_due(&self) -> bool {
+        self.pending_since
+            .is_some_and(|s| s.elapsed() >= self.cfg.topology.processing.commit_interval)
+            || self.pending_records >= MAX_RECORDS_PER_TRANSACTION
+    }
+
+    /// Commits the open transaction with every task's consumed offsets, then applies the
+    /// stores' overlays. An abortable failure aborts and rewinds instead.
+    fn commit(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        if self.pending_since.is_none() && !self.producer.in_transaction() {
+            return Ok(());
+        }
+        let mut offsets = TopicPartitionList::new();
+        for ((topic, partition), task) in &self.tasks {
+            if let Some(next) = task.next_offset() {
+                offsets
+                    .add_partition_offset(topic, *partition, Offset::Offset(next))
+                    .map_err(|e| EngineError::Fatal(anyhow!(e)))?;
+            }
+        }
+        let group = consumer
+            .group_metadata()
+            .ok_or_else(|| EngineError::TaskMigrated("no consumer group metadata (not a group member)".into()))?;
+        let started = Instant::now();
+        let delivered = match self.producer.commit(&offsets, &group) {
+            Ok(d) => d,
+            Err(e) => {
+                return match classify(&e) {
+                    ErrorClass::Abortable | ErrorClass::Retriable => {
+                        tracing::warn!(error = %e, "commit failed; aborting the transaction and rewinding");
+                        self.abort_and_rewind(consumer)
+                    }
+                    _ => Err(EngineError::from_kafka(e, "committing the transaction")),
+                };
+            }
+        };
+        let m = &self.cfg.metrics;
+        m.commit_latency.observe(started.elapsed().as_secs_f64());
+        m.transactions_committed.inc();
+        for task in self.tasks.values_mut() {
+            let counts = task.committed(&delivered)?;
+            publish(m, task, &counts);
+        }
+        self.pending_since = None;
+        self.pending_records = 0;
+        Ok(())
+    }
+
+    /// Aborts the transaction, drops uncommitted store writes and rewinds every task to its
+    /// committed offset, so the aborted records are processed again.
+    fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        self.producer
+            .abort()
+            .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
+        self.cfg.metrics.transactions_aborted.inc();
+        let mut positions = TopicPartitionList::new();
+        for ((topic, partition), task) in self.tasks.iter_mut() {
+            task.aborted();
+            positions.add_partition(topic, *partition);
+        }
+        self.pending_since = None;
+        self.pending_records = 0;
+        if positions.count() == 0 {
+            return Ok(());
+        }
+        let committed = consumer
+            .committed_offsets(positions, KAFKA_TIMEOUT)
+            .map_err(|e| EngineError::from_kafka(e, "reading committed offsets to rewind"))?;
+        for el in committed.elements() {
+            let target = match el.offset() {
+                Offset::Offset(o) => Offset::Offset(o),
+                _ => Offset::Beginning,
+            };
+            consumer
+                .seek(el.topic(), el.partition(), target, KAFKA_TIMEOUT)
+                .map_err(|e| EngineError::from_kafka(e, "rewinding after an abort"))?;
+        }
+        Ok(())
+    }
+
+    fn abort_quietly(&mut self) {
+        if let Err(e) = self.producer.abort() {
+            tracing::warn!(error = %e, "abort failed");
+        }
+        self.tasks.values_mut().for_each(Task::aborted);
+        self.pending_since = None;
+        self.pending_records = 0;
+    }
+}
+
+fn publish(m: &Metrics, task: &Task, c: &Counts) {
+    let p = task.pipeline_name();
+    m.records_in.with_label_values(&[p]).inc_by(c.records_in);
+    m.records_out.with_label_values(&[p]).inc_by(c.records_out);
+    m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
+    for (reason, n) in &c.dead_lettered {
+        m.dead_lettered.with_label_values(&[p, reason.as_str()]).inc_by(*n);
+    }
+}

@@ -1,0 +1,10 @@
+//! tally: exactly-once business-key deduplication for Kafka integration pipelines.
+
+pub mod commands;
+pub mod config;
+pub mod demo;
+pub mod engine;
+pub mod metrics;
+pub mod processors;
+pub mod store;
+pub mod topology;

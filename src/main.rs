@@ -1,0 +1,77 @@
+//! The `tally` command line: parses arguments and calls the library.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tally::commands;
+
+/// Exactly-once deduplication of Kafka integration events by business idempotency key.
+#[derive(Parser)]
+#[command(name = "tally", version, about, long_about = None)]
+struct Cli {
+    /// Log lines as JSON objects instead of text (stderr either way; filter with RUST_LOG).
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a topology as one instance of its consumer group, until SIGTERM or Ctrl-C.
+    Run {
+        /// The topology YAML file.
+        topology: PathBuf,
+        /// Stable id of this instance; part of its transactional id, so keep it across restarts.
+        #[arg(long, env = "TALLY_INSTANCE_ID")]
+        instance_id: Option<String>,
+    },
+    /// Check topology files and list every problem with its line and column.
+    Validate {
+        /// Topology YAML files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print a topology: sources, steps, sinks, stores and their changelog topics.
+    Describe {
+        /// The topology YAML file.
+        topology: PathBuf,
+    },
+    /// Run the payments topology on an in-process mock Kafka (no broker needed; not exactly-once).
+    Demo {
+        /// Distinct payment events to generate (each is sent 1-5 times).
+        #[arg(long, default_value_t = 2000)]
+        events: usize,
+        /// Seed of the generator.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    commands::logging::init(cli.log_json);
+    let result = match cli.command {
+        Command::Run { topology, instance_id } => {
+            let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
+            commands::run::run(&topology, &id).map(|()| true)
+        }
+        Command::Validate { files } => Ok(commands::validate::validate(&files)),
+        Command::Describe { topology } => commands::describe::describe_file(&topology)
+            .map(|text| print!("{text}"))
+            .map(|()| true)
+            .map_err(anyhow::Error::new),
+        Command::Demo { events, seed } => tally::demo::run(events, seed).map(|r| {
+            print!("{}", tally::demo::render(&r));
+            true
+        }),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

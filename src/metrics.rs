@@ -1,0 +1,113 @@
+//! Prometheus metrics of one instance (`tally_` prefix, base units, no per-event labels).
+
+use crate::processors::Reason;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use std::collections::BTreeMap;
+
+/// Every metric tally exports, registered in its own registry.
+pub struct Metrics {
+    registry: Registry,
+    /// Records consumed and committed, per pipeline.
+    pub records_in: IntCounterVec,
+    /// Records written to the output, per pipeline.
+    pub records_out: IntCounterVec,
+    /// Records dropped as duplicates, per pipeline.
+    pub duplicates: IntCounterVec,
+    /// Records sent to the dead-letter topic, per pipeline and reason.
+    pub dead_lettered: IntCounterVec,
+    /// Committed transactions.
+    pub transactions_committed: IntCounter,
+    /// Aborted transactions.
+    pub transactions_aborted: IntCounter,
+    /// Time from commit request to commit done.
+    pub commit_latency: Histogram,
+    /// Changelog records applied during restore, per store.
+    pub restored_records: IntCounterVec,
+    /// Rebalance events seen by stream threads.
+    pub rebalances: IntCounter,
+}
+
+/// Totals for a run summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Records consumed.
+    pub records_in: u64,
+    /// Records emitted.
+    pub records_out: u64,
+    /// Duplicates dropped.
+    pub duplicates: u64,
+    /// Dead-lettered records by reason.
+    pub dead_lettered: BTreeMap<&'static str, u64>,
+}
+
+impl Totals {
+    /// All dead-lettered records.
+    pub fn dead_lettered_total(&self) -> u64 {
+        self.dead_lettered.values().sum()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric with the `application_id` label.
+    pub fn new(application_id: &str) -> prometheus::Result<Self> {
+        let labels = [("application_id".to_string(), application_id.to_string())].into();
+        let registry = Registry::new_custom(Some("tally".into()), Some(labels))?;
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let records_in = counter_vec("records_in_total", "Records consumed and committed", &["pipeline"])?;
+        let records_out = counter_vec("records_out_total", "Records written to the output topic", &["pipeline"])?;
+        let duplicates = counter_vec("duplicates_total", "Records dropped as duplicates", &["pipeline"])?;
+        let dead_lettered =
+            counter_vec("dead_lettered_total", "Records sent to the dead-letter topic", &["pipeline", "reason"])?;
+        let restored_records =
+            counter_vec("restored_records_total", "Changelog records applied while restoring", &["store"])?;
+        let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
+            let c = IntCounter::new(name, help)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let transactions_committed = counter("transactions_committed_total", "Committed Kafka transactions")?;
+        let transactions_aborted = counter("transactions_aborted_total", "Aborted Kafka transactions")?;
+        let rebalances = counter("rebalances_total", "Partition assignment changes seen")?;
+        let commit_latency = Histogram::with_opts(
+            HistogramOpts::new("commit_latency_seconds", "Duration of send_offsets + commit_transaction")
+                .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
+        )?;
+        registry.register(Box::new(commit_latency.clone()))?;
+        Ok(Self {
+            registry,
+            records_in,
+            records_out,
+            duplicates,
+            dead_lettered,
+            transactions_committed,
+            transactions_aborted,
+            commit_latency,
+            restored_records,
+            rebalances,
+        })
+    }
+
+    /// The registry, for an exporter.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Sums the record counters over every pipeline.
+    pub fn totals(&self, pipelines: &[String]) -> Totals {
+        let mut t = Totals::default();
+        for p in pipelines {
+            t.records_in += self.records_in.with_label_values(&[p]).get();
+            t.records_out += self.records_out.with_label_values(&[p]).get();
+            t.duplicates += self.duplicates.with_label_values(&[p]).get();
+            for r in Reason::ALL {
+                let n = self.dead_lettered.with_label_values(&[p.as_str(), r.as_str()]).get();
+                *t.dead_lettered.entry(r.as_str()).or_default() += n;
+            }
+        }
+        t
+    }
+}

@@ -1,0 +1,9 @@
+//! Per-record decisions: decode, key, route, deduplicate. No Kafka here, only store access.
+
+pub mod correlation;
+pub mod dedup;
+pub mod pipeline;
+pub mod rejection;
+
+pub use pipeline::{Decision, Input, PipelineProcessor, Processed};
+pub use rejection::{Reason, Rejection};

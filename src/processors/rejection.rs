@@ -1,0 +1,69 @@
+//! Why a record goes to the dead-letter topic, as a stable machine-readable reason.
+
+use std::fmt;
+
+/// A dead-letter reason; `as_str` is written to the `tally.error.reason` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Larger than `processing.max_record_bytes`.
+    Oversize,
+    /// No value, or a value that is not JSON.
+    InvalidJson,
+    /// JSON, but not an object.
+    NotAnObject,
+    /// A field of the key template is absent or null.
+    MissingKeyField,
+    /// A field of the key template is an object or array.
+    NonScalarKeyField,
+    /// No route matches the record's `event_type`.
+    NoRoute,
+}
+
+impl Reason {
+    /// Every reason, for metrics initialisation and reports.
+    pub const ALL: [Reason; 6] = [
+        Reason::Oversize,
+        Reason::InvalidJson,
+        Reason::NotAnObject,
+        Reason::MissingKeyField,
+        Reason::NonScalarKeyField,
+        Reason::NoRoute,
+    ];
+
+    /// The stable name used in headers, metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Oversize => "oversize",
+            Reason::InvalidJson => "invalid_json",
+            Reason::NotAnObject => "not_an_object",
+            Reason::MissingKeyField => "missing_key_field",
+            Reason::NonScalarKeyField => "non_scalar_key_field",
+            Reason::NoRoute => "no_route",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rejected record: the reason and a sentence for the `tally.error.detail` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Machine-readable reason.
+    pub reason: Reason,
+    /// Human-readable detail.
+    pub detail: String,
+}
+
+impl Rejection {
+    /// A rejection with its detail.
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}

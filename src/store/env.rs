@@ -1,0 +1,43 @@
+//! Memory shared by every task's RocksDB, so memory is bounded by configuration, not partitions.
+
+use rocksdb::{BlockBasedOptions, Cache, Options, WriteBufferManager};
+
+/// Block cache and write-buffer budget shared by all stores of an instance.
+pub struct StoreEnv {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+}
+
+impl StoreEnv {
+    /// A shared budget: `cache_bytes` of block cache, `write_buffer_bytes` of memtables
+    /// (charged to the same cache).
+    pub fn new(cache_bytes: usize, write_buffer_bytes: usize) -> Self {
+        let cache = Cache::new_lru_cache(cache_bytes);
+        let write_buffers =
+            WriteBufferManager::new_write_buffer_manager_with_cache(write_buffer_bytes, false, cache.clone());
+        Self { cache, write_buffers }
+    }
+
+    /// RocksDB options for one task database using the shared budget.
+    pub fn db_options(&self) -> Options {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_write_buffer_manager(&self.write_buffers);
+        // Data and the changelog offset share one WriteBatch; with several column families
+        // atomic flush keeps them together on disk too.
+        opts.set_atomic_flush(true);
+        opts.set_max_background_jobs(2);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&self.cache);
+        opts.set_block_based_table_factory(&table);
+        opts
+    }
+}
+
+impl Default for StoreEnv {
+    fn default() -> Self {
+        Self::new(64 << 20, 32 << 20)
+    }
+}

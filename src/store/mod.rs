@@ -1,0 +1,8 @@
+//! Local state: one RocksDB per task, transactional overlay, changelog offsets, shared memory.
+
+pub mod codec;
+pub mod env;
+pub mod task_store;
+
+pub use env::StoreEnv;
+pub use task_store::{Change, StoreError, TaskStore};

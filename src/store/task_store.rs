@@ -1,0 +1,300 @@
+//! A task's stores: RocksDB column families behind an in-memory overlay that only reaches disk,
+//! together with the changelog offsets, after the Kafka transaction has committed.
+
+use super::env::StoreEnv;
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+const META_CF: &str = "meta";
+
+/// A store operation that must also go to the store's changelog topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// Index of the store within the task.
+    pub store: usize,
+    /// Store key.
+    pub key: Vec<u8>,
+    /// New value; `None` is a delete (a tombstone on the changelog).
+    pub value: Option<Vec<u8>>,
+}
+
+/// A failure of the local store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// RocksDB refused an operation.
+    #[error("state store at {path}: {source}; check the state directory is writable and not used by another instance")]
+    Rocks {
+        /// Task directory.
+        path: PathBuf,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
+    /// A column family that should exist is missing (the directory was tampered with).
+    #[error("state store at {0}: column family `{1}` is missing; delete the task directory to rebuild it from the changelog")]
+    MissingFamily(PathBuf, String),
+    /// The stored changelog offset is not 8 bytes.
+    #[error("state store at {0}: corrupt changelog offset for `{1}`; delete the task directory to rebuild it")]
+    CorruptOffset(PathBuf, String),
+}
+
+/// All stores of one task, with uncommitted writes kept in memory.
+pub struct TaskStore {
+    db: DB,
+    dir: PathBuf,
+    names: Vec<String>,
+    overlays: Vec<HashMap<Vec<u8>, Option<Vec<u8>>>>,
+    changes: Vec<Change>,
+}
+
+impl TaskStore {
+    /// Opens (creating when absent) the task database at `dir` with one column family per store.
+    pub fn open(dir: &Path, names: &[String], env: &StoreEnv) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|e| StoreError::Rocks {
+            path: dir.to_path_buf(),
+            source: rocksdb::Error::new(format!("cannot create directory: {e}")),
+        })?;
+        let opts = env.db_options();
+        let families = names
+            .iter()
+            .map(String::as_str)
+            .chain([META_CF])
+            .map(|n| ColumnFamilyDescriptor::new(n, env.db_options()))
+            .collect::<Vec<_>>();
+        let db = DB::open_cf_descriptors(&opts, dir, families).map_err(|source| StoreError::Rocks {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            db,
+            dir: dir.to_path_buf(),
+            names: names.to_vec(),
+            overlays: vec![HashMap::new(); names.len()],
+            changes: Vec::new(),
+        })
+    }
+
+    /// Name of store `store`.
+    pub fn name(&self, store: usize) -> &str {
+        &self.names[store]
+    }
+
+    /// Number of stores.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// True when the task has no stores.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    fn cf(&self, name: &str) -> Result<&ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| StoreError::MissingFamily(self.dir.clone(), name.to_string()))
+    }
+
+    fn rocks(&self, source: rocksdb::Error) -> StoreError {
+        StoreError::Rocks {
+            path: self.dir.clone(),
+            source,
+        }
+    }
+
+    /// Reads a key, seeing this transaction's writes first.
+    pub fn get(&self, store: usize, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if let Some(pending) = self.overlays[store].get(key) {
+            return Ok(pending.clone());
+        }
+        let cf = self.cf(&self.names[store])?;
+        self.db.get_cf(cf, key).map_err(|e| self.rocks(e))
+    }
+
+    /// Writes a key in the open transaction and queues it for the changelog.
+    pub fn put(&mut self, store: usize, key: &[u8], value: Vec<u8>) {
+        self.overlays[store].insert(key.to_vec(), Some(value.clone()));
+        self.changes.push(Change {
+            store,
+            key: key.to_vec(),
+            value: Some(value),
+        });
+    }
+
+    /// Deletes a key in the open transaction and queues a tombstone for the changelog.
+    pub fn delete(&mut self, store: usize, key: &[u8]) {
+        self.overlays[store].insert(key.to_vec(), None);
+        self.changes.push(Change {
+            store,
+            key: key.to_vec(),
+            value: None,
+        });
+    }
+
+    /// Takes the changes queued since the last call, for the engine to produce.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// After the Kafka commit: writes the overlay and each store's changelog offset in one batch.
+    pub fn commit(&mut self, changelog_offsets: &[(usize, i64)]) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for (store, overlay) in self.overlays.iter().enumerate() {
+            let cf = self.cf(&self.names[store])?;
+            for (key, value) in overlay {
+                match value {
+                    Some(v) => batch.put_cf(cf, key, v),
+                    None => batch.delete_cf(cf, key),
+                }
+            }
+        }
+        let meta = self.cf(META_CF)?;
+        for &(store, offset) in changelog_offsets {
+            batch.put_cf(meta, offset_key(&self.names[store]), offset.to_be_bytes());
+        }
+        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        self.overlays.iter_mut().for_each(HashMap::clear);
+        self.changes.clear();
+        Ok(())
+    }
+
+    /// Drops every uncommitted write (the transaction was aborted).
+    pub fn abort(&mut self) {
+        self.overlays.iter_mut().for_each(HashMap::clear);
+        self.changes.clear();
+    }
+
+    /// The offset of the last changelog record this store reflects, if recorded.
+    pub fn changelog_offset(&self, store: usize) -> Result<Option<i64>, StoreError> {
+        let name = &self.names[store];
+        let raw = self
+            .db
+            .get_cf(self.cf(META_CF)?, offset_key(name))
+            .map_err(|e| self.rocks(e))?;
+        match raw {
+            None => Ok(None),
+            Some(bytes) => {
+                let arr: [u8; 8] = bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| StoreError::CorruptOffset(self.dir.clone(), name.clone()))?;
+                Ok(Some(i64::from_be_bytes(arr)))
+            }
+        }
+    }
+
+    /// True when the store holds at least one committed key.
+    pub fn has_data(&self, store: usize) -> Result<bool, StoreError> {
+        let cf = self.cf(&self.names[store])?;
+        match self.db.iterator_cf(cf, IteratorMode::Start).next() {
+            None => Ok(false),
+            Some(Ok(_)) => Ok(true),
+            Some(Err(e)) => Err(self.rocks(e)),
+        }
+    }
+
+    /// Deletes every key and the changelog offset of a store (before a full restore).
+    pub fn wipe(&mut self, store: usize) -> Result<(), StoreError> {
+        let cf = self.cf(&self.names[store])?;
+        let mut batch = WriteBatch::default();
+        for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
+            let (key, _) = item.map_err(|e| self.rocks(e))?;
+            batch.delete_cf(cf, key);
+        }
+        batch.delete_cf(self.cf(META_CF)?, offset_key(&self.names[store]));
+        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        self.overlays[store].clear();
+        Ok(())
+    }
+
+    /// Applies changelog records read during restore, with the offset of the last one.
+    pub fn apply_restored(
+        &mut self,
+        store: usize,
+        records: &[(Vec<u8>, Option<Vec<u8>>)],
+        last_offset: i64,
+    ) -> Result<(), StoreError> {
+        let cf = self.cf(&self.names[store])?;
+        let mut batch = WriteBatch::default();
+        for (key, value) in records {
+            match value {
+                Some(v) => batch.put_cf(cf, key, v),
+                None => batch.delete_cf(cf, key),
+            }
+        }
+        batch.put_cf(self.cf(META_CF)?, offset_key(&self.names[store]), last_offset.to_be_bytes());
+        self.db.write(batch).map_err(|e| self.rocks(e))
+    }
+
+    /// Number of committed keys in a store (a full scan: for tests and small stores).
+    pub fn count_keys(&self, store: usize) -> Result<u64, StoreError> {
+        let cf = self.cf(&self.names[store])?;
+        let mut n = 0;
+        for item in self.db.iterator_cf(cf, IteratorMode::Start) {
+            item.map_err(|e| self.rocks(e))?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+fn offset_key(store: &str) -> Vec<u8> {
+    format!("changelog_offset/{store}").into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path) -> TaskStore {
+        TaskStore::open(dir, &["dedup".to_string()], &StoreEnv::default()).expect("opens")
+    }
+
+    #[test]
+    fn uncommitted_writes_are_visible_but_not_durable() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        {
+            let mut s = open(tmp.path());
+            s.put(0, b"k1", vec![1]);
+            assert_eq!(s.get(0, b"k1").expect("reads"), Some(vec![1]));
+            assert_eq!(s.take_changes().len(), 1);
+        }
+        let s = open(tmp.path());
+        assert_eq!(s.get(0, b"k1").expect("reads"), None, "overlay never reached disk");
+        assert_eq!(s.changelog_offset(0).expect("reads"), None);
+    }
+
+    #[test]
+    fn commit_writes_data_and_offset_together_and_abort_drops() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        {
+            let mut s = open(tmp.path());
+            s.put(0, b"a", vec![1]);
+            s.commit(&[(0, 41)]).expect("commits");
+            s.put(0, b"b", vec![2]);
+            s.delete(0, b"a");
+            assert_eq!(s.get(0, b"a").expect("reads"), None, "delete visible in overlay");
+            s.abort();
+            assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
+            assert!(s.take_changes().is_empty(), "abort drops queued changelog records");
+        }
+        let s = open(tmp.path());
+        assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
+        assert_eq!(s.get(0, b"b").expect("reads"), None);
+        assert_eq!(s.changelog_offset(0).expect("reads"), Some(41));
+    }
+
+    #[test]
+    fn restore_applies_records_and_wipe_clears_everything() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = open(tmp.path());
+        let records = vec![(b"x".to_vec(), Some(vec![7])), (b"y".to_vec(), Some(vec![8])), (b"x".to_vec(), None)];
+        s.apply_restored(0, &records, 99).expect("applies");
+        assert_eq!(s.count_keys(0).expect("counts"), 1);
+        assert_eq!(s.changelog_offset(0).expect("reads"), Some(99));
+        assert!(s.has_data(0).expect("reads"));
+        s.wipe(0).expect("wipes");
+        assert!(!s.has_data(0).expect("reads"));
+        assert_eq!(s.changelog_offset(0).expect("reads"), None);
+    }
+}

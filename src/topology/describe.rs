@@ -1,0 +1,57 @@
+//! Text view of a topology: sources → steps → sinks, with stores and their changelog topics.
+
+use super::{Strategy, Topology};
+use std::fmt::Write;
+
+/// Renders the topology as indented text for `tally describe`.
+pub fn describe(t: &Topology) -> String {
+    let mut s = String::new();
+    // Writing to a String cannot fail; the results are ignored on purpose.
+    let _ = writeln!(s, "application: {}", t.application_id);
+    let _ = writeln!(s, "  consumer group: {}", t.application_id);
+    let _ = writeln!(
+        s,
+        "  exactly-once: commit every {} ms, {} stream thread(s)",
+        t.processing.commit_interval.as_millis(),
+        t.processing.threads
+    );
+    let _ = writeln!(s, "  state dir: {}", t.state_dir.display());
+    for p in &t.pipelines {
+        let _ = writeln!(s, "\npipeline {}", p.name);
+        let _ = writeln!(s, "  source  {} (topic {}, json)", p.source, p.input_topic);
+        let _ = writeln!(s, "    → key      {}", p.key);
+        let correlation = match (&p.correlation.header, &p.correlation.field) {
+            (Some(h), Some(f)) => format!("header `{h}`, else field `{f}`, else derived"),
+            (Some(h), None) => format!("header `{h}`, else derived"),
+            (None, Some(f)) => format!("field `{f}`, else derived"),
+            (None, None) => "derived from the key".to_string(),
+        };
+        let _ = writeln!(s, "    → correlation id from {correlation}");
+        for (i, r) in p.routes.iter().enumerate() {
+            let Strategy::Ignore { retention } = &r.strategy;
+            let _ = writeln!(
+                s,
+                "    → route {}: event_type {} → ignore duplicates (keys kept {})",
+                i + 1,
+                r.event_type,
+                humantime::format_duration(*retention)
+            );
+        }
+        let out_key = p
+            .output
+            .key
+            .as_ref()
+            .map_or_else(|| "the idempotency key".to_string(), ToString::to_string);
+        let _ = writeln!(s, "  sink    topic {} (key {})", p.output.topic, out_key);
+        let _ = writeln!(s, "  stores");
+        let store = p.dedup_store();
+        let _ = writeln!(
+            s,
+            "    {store}  (RocksDB, changelog {}, compacted, partitions = {})",
+            t.changelog_topic(&store),
+            p.input_topic
+        );
+    }
+    let _ = writeln!(s, "\ndead letters → topic {}", t.dead_letter_topic);
+    s
+}

@@ -1,0 +1,148 @@
+//! The validated topology: sources, pipelines with their routes and strategies, sinks, stores.
+//!
+//! Built only by `config::load`, so everything here has already been checked.
+
+pub mod describe;
+pub mod template;
+
+use globset::GlobMatcher;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use template::KeyTemplate;
+
+/// A whole application: what `tally run` executes.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    /// Consumer group id and prefix of every internal topic and transactional id.
+    pub application_id: String,
+    /// Connection settings.
+    pub kafka: KafkaSettings,
+    /// Loop and transaction settings.
+    pub processing: Processing,
+    /// Root of the local state directory.
+    pub state_dir: PathBuf,
+    /// Named input topics.
+    pub sources: BTreeMap<String, Source>,
+    /// Pipelines, each reading one source.
+    pub pipelines: Vec<Pipeline>,
+    /// Where bad records go.
+    pub dead_letter_topic: String,
+}
+
+/// How to reach Kafka.
+#[derive(Debug, Clone)]
+pub struct KafkaSettings {
+    /// `bootstrap.servers`.
+    pub bootstrap_servers: String,
+    /// Any librdkafka property, passed through to every client.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Stream-thread settings.
+#[derive(Debug, Clone)]
+pub struct Processing {
+    /// How often the open transaction is committed.
+    pub commit_interval: Duration,
+    /// Stream threads per instance.
+    pub threads: usize,
+    /// Records larger than this go to the dead-letter topic.
+    pub max_record_bytes: usize,
+}
+
+/// A named input topic.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The Kafka topic.
+    pub topic: String,
+}
+
+/// One input → dedup → output flow.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    /// Unique name; part of store and changelog names.
+    pub name: String,
+    /// Name of the source it reads.
+    pub source: String,
+    /// The source's topic.
+    pub input_topic: String,
+    /// Business idempotency key template.
+    pub key: KeyTemplate,
+    /// Where the correlation id is read from.
+    pub correlation: CorrelationSpec,
+    /// Strategy per event type, first match wins.
+    pub routes: Vec<Route>,
+    /// Output topic and key.
+    pub output: Output,
+}
+
+/// Where a record's correlation id is found; derived when absent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorrelationSpec {
+    /// Header to read first.
+    pub header: Option<String>,
+    /// Payload field to read next.
+    pub field: Option<String>,
+}
+
+/// A strategy chosen by the record's `event_type`.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// The glob as written, `*` when the route has no `when`.
+    pub event_type: String,
+    /// Compiled glob; `None` matches every record, with or without an `event_type`.
+    pub matcher: Option<GlobMatcher>,
+    /// What to do with duplicates.
+    pub strategy: Strategy,
+}
+
+/// What a route does with a record whose key has been seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Strategy {
+    /// Drop duplicates; keys are remembered for `retention`.
+    Ignore {
+        /// How long a key is remembered.
+        retention: Duration,
+    },
+}
+
+/// The sink of a pipeline.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Output topic.
+    pub topic: String,
+    /// Message key template; the idempotency key when absent.
+    pub key: Option<KeyTemplate>,
+}
+
+impl Pipeline {
+    /// Name of the dedup store (a RocksDB column family and a changelog).
+    pub fn dedup_store(&self) -> String {
+        format!("{}-dedup", self.name)
+    }
+
+    /// The first route matching a record's event type, if any.
+    pub fn route_for(&self, event_type: Option<&str>) -> Option<&Route> {
+        self.routes.iter().find(|r| match (&r.matcher, event_type) {
+            (None, _) => true,
+            (Some(m), Some(t)) => m.is_match(t),
+            (Some(_), None) => false,
+        })
+    }
+}
+
+impl Topology {
+    /// Changelog topic of a store: `<application_id>-<store>-changelog`.
+    pub fn changelog_topic(&self, store: &str) -> String {
+        format!("{}-{}-changelog", self.application_id, store)
+    }
+
+    /// The pipeline reading a topic.
+    pub fn pipeline_for_topic(&self, topic: &str) -> Option<(usize, &Pipeline)> {
+        self.pipelines
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.input_topic == topic)
+    }
+}

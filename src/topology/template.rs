@@ -1,0 +1,210 @@
+//! Key templates such as `{payment_id}:{status}`: parsed once, rendered per record.
+
+use serde_json::{Map, Value};
+use std::fmt;
+use std::str::FromStr;
+
+/// A parsed template: literal text and `{field}` (or `{a.b}` nested) references.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTemplate {
+    source: String,
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    Field(Vec<String>),
+}
+
+/// Why a template text could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// A `{` without its `}`.
+    #[error("`{{` at character {0} is never closed; write `{{{{` for a literal brace")]
+    Unclosed(usize),
+    /// A `}` without an opening `{`.
+    #[error("`}}` at character {0} has no opening `{{`; write `}}}}` for a literal brace")]
+    StrayClose(usize),
+    /// `{}` or a reference with an empty path segment.
+    #[error("empty field reference `{{{0}}}`; name a field, e.g. `{{payment_id}}`")]
+    EmptyField(String),
+    /// A template that references no field would give every record the same key.
+    #[error("the template references no field, so every record would get the same key")]
+    NoField,
+}
+
+/// Why a record could not be given a key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RenderError {
+    /// The field is absent or null.
+    #[error("field `{0}` is missing or null")]
+    Missing(String),
+    /// The field is an object or an array.
+    #[error("field `{0}` is an object or array, not a string, number or boolean")]
+    NonScalar(String),
+}
+
+impl FromStr for KeyTemplate {
+    type Err = TemplateError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = text.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '{' if chars.peek().map(|&(_, n)| n) == Some('{') => {
+                    chars.next();
+                    literal.push('{');
+                }
+                '}' if chars.peek().map(|&(_, n)| n) == Some('}') => {
+                    chars.next();
+                    literal.push('}');
+                }
+                '}' => return Err(TemplateError::StrayClose(i)),
+                '{' => {
+                    let mut name = String::new();
+                    loop {
+                        match chars.next() {
+                            Some((_, '}')) => break,
+                            Some((_, ch)) => name.push(ch),
+                            None => return Err(TemplateError::Unclosed(i)),
+                        }
+                    }
+                    let path: Vec<String> = name.split('.').map(|s| s.trim().to_string()).collect();
+                    if path.iter().any(String::is_empty) {
+                        return Err(TemplateError::EmptyField(name));
+                    }
+                    if !literal.is_empty() {
+                        parts.push(Part::Literal(std::mem::take(&mut literal)));
+                    }
+                    parts.push(Part::Field(path));
+                }
+                other => literal.push(other),
+            }
+        }
+        if !literal.is_empty() {
+            parts.push(Part::Literal(literal));
+        }
+        if !parts.iter().any(|p| matches!(p, Part::Field(_))) {
+            return Err(TemplateError::NoField);
+        }
+        Ok(Self {
+            source: text.to_string(),
+            parts,
+        })
+    }
+}
+
+impl fmt::Display for KeyTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl KeyTemplate {
+    /// The dotted names of the fields the template reads.
+    pub fn fields(&self) -> impl Iterator<Item = String> + '_ {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Field(path) => Some(path.join(".")),
+            Part::Literal(_) => None,
+        })
+    }
+
+    /// Builds the key for one JSON object.
+    pub fn render(&self, doc: &Map<String, Value>) -> Result<String, RenderError> {
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(text) => out.push_str(text),
+                Part::Field(path) => append_scalar(&mut out, lookup(doc, path), path)?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
+    let (first, rest) = path.split_first()?;
+    rest.iter()
+        .try_fold(doc.get(first)?, |value, segment| value.get(segment))
+}
+
+fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Result<(), RenderError> {
+    match value {
+        None | Some(Value::Null) => Err(RenderError::Missing(path.join("."))),
+        Some(Value::String(s)) => {
+            out.push_str(s);
+            Ok(())
+        }
+        Some(Value::Number(n)) => {
+            out.push_str(&n.to_string());
+            Ok(())
+        }
+        Some(Value::Bool(b)) => {
+            out.push_str(if *b { "true" } else { "false" });
+            Ok(())
+        }
+        Some(Value::Array(_) | Value::Object(_)) => Err(RenderError::NonScalar(path.join("."))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("test documents are objects"),
+        }
+    }
+
+    #[test]
+    fn renders_composite_business_keys() {
+        let t: KeyTemplate = "{payment_id}:{status}".parse().expect("valid template");
+        let d = doc(json!({"payment_id": "PAY-1", "status": "PAID", "amount": 12.5}));
+        assert_eq!(t.render(&d), Ok("PAY-1:PAID".to_string()));
+        let v: KeyTemplate = "{entity_type}:{entity_id}:v{version}".parse().expect("valid");
+        let d = doc(json!({"entity_type": "customer", "entity_id": "C-1", "version": 17}));
+        assert_eq!(v.render(&d), Ok("customer:C-1:v17".to_string()));
+    }
+
+    #[test]
+    fn renders_nested_fields_and_escaped_braces() {
+        let t: KeyTemplate = "{{{order.id}}}".parse().expect("valid template");
+        let d = doc(json!({"order": {"id": 7}}));
+        assert_eq!(t.render(&d), Ok("{7}".to_string()));
+        assert_eq!(t.fields().collect::<Vec<_>>(), vec!["order.id"]);
+    }
+
+    #[test]
+    fn missing_null_and_non_scalar_fields_are_errors() {
+        let t: KeyTemplate = "{a}:{b}".parse().expect("valid template");
+        assert_eq!(
+            t.render(&doc(json!({"a": 1}))),
+            Err(RenderError::Missing("b".into()))
+        );
+        assert_eq!(
+            t.render(&doc(json!({"a": null, "b": 1}))),
+            Err(RenderError::Missing("a".into()))
+        );
+        assert_eq!(
+            t.render(&doc(json!({"a": [1], "b": 1}))),
+            Err(RenderError::NonScalar("a".into()))
+        );
+    }
+
+    #[test]
+    fn malformed_templates_are_rejected() {
+        assert_eq!("{a".parse::<KeyTemplate>(), Err(TemplateError::Unclosed(0)));
+        assert_eq!("a}".parse::<KeyTemplate>(), Err(TemplateError::StrayClose(1)));
+        assert_eq!(
+            "{a.}".parse::<KeyTemplate>(),
+            Err(TemplateError::EmptyField("a.".into()))
+        );
+        assert_eq!("static".parse::<KeyTemplate>(), Err(TemplateError::NoField));
+    }
+}

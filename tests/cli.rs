@@ -1,0 +1,82 @@
+//! The command line without a broker: validate, describe, help.
+
+use std::process::Command;
+
+fn tally(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).output().expect("run tally")
+}
+
+#[test]
+fn every_example_topology_validates_and_describes() {
+    let mut files: Vec<String> = std::fs::read_dir("topologies")
+        .expect("topologies dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    let args: Vec<&str> = std::iter::once("validate").chain(files.iter().map(String::as_str)).collect();
+    let out = tally(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in &files {
+        let out = tally(&["describe", f]);
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("-changelog"), "describe names the changelog topics: {text}");
+    }
+}
+
+#[test]
+fn a_bad_topology_lists_every_problem_with_its_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        r#"application_id: "bad app"
+kafka:
+  bootstrap_servers: ${NO_SUCH_VAR_FOR_TALLY}
+  properties: { isolation.level: read_uncommitted }
+processing: { threads: 0 }
+sources:
+  s: { topic: in }
+pipelines:
+  - name: p
+    from: nowhere
+    key: "{payment_id"
+    routes:
+      - strategy: overwrite
+      - strategy: ignore
+        retention: forever
+    to: { topic: out }
+dead_letter: { topic: dlq }
+"#,
+    )
+    .expect("write");
+    let out = tally(&["validate", path.to_str().expect("utf8 path")]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for (line, needle) in [
+        (1, "application_id"),
+        (3, "NO_SUCH_VAR_FOR_TALLY"),
+        (4, "isolation.level"),
+        (5, "threads"),
+        (10, "nowhere"),
+        (11, "never closed"),
+        (13, "overwrite"),
+        (15, "forever"),
+    ] {
+        let hit = err.lines().any(|l| l.contains(&format!("bad.yaml:{line}:")) && l.contains(needle));
+        assert!(hit, "expected a problem on line {line} about `{needle}` in:\n{err}");
+    }
+    assert!(err.contains("8 problems"), "{err}");
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let out = tally(&["--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in ["run", "validate", "describe", "demo"] {
+        assert!(text.contains(cmd), "{text}");
+    }
+}

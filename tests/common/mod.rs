@@ -1,0 +1,270 @@
+//! Harness for integration tests against the real broker started by `deploy/local/kafka up`.
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tally::demo::generator::GeneratedRecord;
+
+/// The broker the test command started.
+pub fn bootstrap() -> String {
+    std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
+}
+
+/// Topic and application names unique to one test run.
+pub struct Names {
+    pub app: String,
+    pub input: String,
+    pub output: String,
+    pub dlq: String,
+}
+
+impl Names {
+    pub fn new(test: &str) -> Self {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let id = format!("{test}-{}-{}", std::process::id(), nanos % 1_000_000_000);
+        Self {
+            app: format!("app-{id}"),
+            input: format!("in-{id}"),
+            output: format!("out-{id}"),
+            dlq: format!("dlq-{id}"),
+        }
+    }
+
+    pub fn changelog(&self, pipeline: &str) -> String {
+        format!("{}-{pipeline}-dedup-changelog", self.app)
+    }
+}
+
+/// Creates topics (name, partitions), failing the test if the broker refuses.
+pub fn create_topics(topics: &[(&str, i32)]) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin client");
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let results = rt
+        .block_on(admin.create_topics(&new, &AdminOptions::new()))
+        .expect("create topics");
+    for r in results {
+        r.expect("topic created");
+    }
+}
+
+/// Writes records to `topic` and waits until all are acknowledged.
+pub fn produce(topic: &str, records: &[GeneratedRecord]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("linger.ms", "20")
+        .set("message.max.bytes", "10000000")
+        .create()
+        .expect("producer");
+    for r in records {
+        let headers = r
+            .headers
+            .iter()
+            .fold(OwnedHeaders::new(), |h, (k, v)| h.insert(Header { key: k, value: Some(v) }));
+        let mut rec = BaseRecord::to(topic).key(&r.key).payload(&r.payload).headers(headers);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                    rec = back;
+                    producer.poll(Duration::from_millis(20));
+                }
+                Err((e, _)) => panic!("produce failed: {e}"),
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush input");
+}
+
+/// Reads every committed record of `topic` (read_committed) until at least `min` arrived and
+/// the end of every partition is reached, or `timeout` passes.
+pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMessage> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", "tally-test-reader")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut at_end: HashMap<i32, bool> = HashMap::new();
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                at_end.insert(m.partition(), false);
+                out.push(m.detach());
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p, true);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+        let all_at_end = at_end.len() == partitions && at_end.values().all(|e| *e);
+        if all_at_end && out.len() >= min {
+            break;
+        }
+    }
+    out
+}
+
+/// A header's value as text.
+pub fn header(m: &OwnedMessage, key: &str) -> Option<String> {
+    let hs = m.headers()?;
+    (0..hs.count())
+        .map(|i| hs.get(i))
+        .find(|h| h.key == key)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The `{payment_id}:{status}` of an output record, computed by the test from the payload.
+pub fn business_key(m: &OwnedMessage) -> String {
+    let v: serde_json::Value = serde_json::from_slice(m.payload().expect("payload")).expect("json output");
+    format!("{}:{}", v["payment_id"].as_str().expect("payment_id"), v["status"].as_str().expect("status"))
+}
+
+/// Writes the payments topology for `names` into `dir`.
+pub fn write_topology(dir: &Path, names: &Names, max_record_bytes: usize) -> PathBuf {
+    let yaml = format!(
+        r#"
+application_id: {app}
+kafka:
+  bootstrap_servers: {bootstrap}
+  properties:
+    session.timeout.ms: 6000
+    heartbeat.interval.ms: 1000
+processing: {{ commit_interval_ms: 100, max_record_bytes: {max_record_bytes} }}
+state: {{ dir: {state} }}
+sources:
+  payments: {{ topic: {input} }}
+pipelines:
+  - name: payments
+    from: payments
+    key: "{{payment_id}}:{{status}}"
+    routes:
+      - when: {{ event_type: "payment.*" }}
+        strategy: ignore
+    to: {{ topic: {output}, key: "{{payment_id}}" }}
+dead_letter: {{ topic: {dlq} }}
+"#,
+        app = names.app,
+        bootstrap = bootstrap(),
+        state = dir.join("state").display(),
+        input = names.input,
+        output = names.output,
+        dlq = names.dlq,
+    );
+    let path = dir.join("topology.yaml");
+    std::fs::write(&path, yaml).expect("write topology");
+    path
+}
+
+/// A running `tally run` process with its JSON log in a file.
+pub struct Tally {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Tally {
+    pub fn start(topology: &Path, instance_id: &str, log: PathBuf) -> Self {
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_tally"))
+            .args(["--log-json", "run"])
+            .arg(topology)
+            .args(["--instance-id", instance_id])
+            .env("RUST_LOG", "info,librdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start tally");
+        Self { child, log }
+    }
+
+    /// SIGKILL: no commit, no goodbye.
+    pub fn kill(mut self) {
+        self.child.kill().expect("sigkill");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM and wait for a clean exit; returns the log lines.
+    pub fn stop(mut self) -> Vec<serde_json::Value> {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+        assert!(ok.success());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                assert!(status.success(), "tally exited with {status}; log: {}", self.log.display());
+                break;
+            }
+            assert!(Instant::now() < deadline, "tally did not stop within 60 s after SIGTERM");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        self.lines()
+    }
+
+    /// The JSON log lines written so far.
+    pub fn lines(&self) -> Vec<serde_json::Value> {
+        log_lines(&self.log)
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Parses a JSON log file (non-JSON lines are skipped).
+pub fn log_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Log lines whose message is `msg`.
+pub fn events<'a>(lines: &'a [serde_json::Value], msg: &str) -> Vec<&'a serde_json::Value> {
+    lines.iter().filter(|l| l["message"] == msg).collect()
+}
+
+/// Polls `topic` until at least `n` committed records are there or `timeout` passes.
+pub fn wait_for_count(topic: &str, n: usize, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = read_committed(topic, 0, Duration::from_secs(10)).len();
+        if got >= n || Instant::now() >= deadline {
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
