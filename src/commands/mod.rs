@@ -1,6 +1,5 @@
 //! The CLI's commands, called by `main` with parsed arguments.
 
-pub mod demo;
 pub mod describe;
 pub mod logging;
 pub mod run;

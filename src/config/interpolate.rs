@@ -70,13 +70,18 @@ pub fn interpolate(
                 match (lookup(name), default) {
                     (Some(v), _) => out.push_str(&v),
                     (None, Some(d)) => out.push_str(d),
-                    (None, None) => problems.push(Unresolved {
+                    (None, None) => {
+                        // Keep the reference so later checks do not report a cascade of
+                        // "missing" values for this one problem.
+                        out.push_str(&rest[pos..pos + body.len() + 3]);
+                        problems.push(Unresolved {
                         line: line_no as u64 + 1,
                         column,
                         message: format!(
                             "environment variable `{name}` is not set and `${{{name}}}` has no default; set it or write `${{{name}:-default}}`"
                         ),
-                    }),
+                        });
+                    }
                 }
             }
             column += body.chars().count() as u64 + 3;

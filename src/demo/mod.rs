@@ -46,6 +46,11 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         _ => None,
     };
     let topology = Arc::new(config::load_str("topologies/payments.yaml", PAYMENTS_TOPOLOGY, env)?);
+    // The mock has no CreateTopics API, so the changelogs tally would create are made here.
+    for p in &topology.pipelines {
+        let changelog = topology.changelog_topic(&p.dedup_store());
+        cluster.create_topic(&changelog, 3, 1).with_context(|| format!("creating {changelog} on the mock"))?;
+    }
 
     let generated = generator::payments(events, 20, topology.processing.max_record_bytes, seed);
     let producer: BaseProducer = ClientConfig::new()

@@ -18,6 +18,8 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
 /// Blocking: call it from a blocking thread; `rt` drives the admin futures.
 pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>> {
     let admin: AdminClient<DefaultClientContext> = clients::base(t)
+        // A metadata request must not create the topic it asks about.
+        .set("allow.auto.create.topics", "false")
         .create()
         .context("cannot create the Kafka admin client; check `kafka.properties`")?;
     let mut partitions = BTreeMap::new();

@@ -30,6 +30,14 @@ pub enum StoreError {
         /// RocksDB's error.
         source: rocksdb::Error,
     },
+    /// The task directory cannot be created.
+    #[error("state directory {path} cannot be created: {source}; set `state.dir` to a writable path")]
+    Io {
+        /// Task directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A column family that should exist is missing (the directory was tampered with).
     #[error("state store at {0}: column family `{1}` is missing; delete the task directory to rebuild it from the changelog")]
     MissingFamily(PathBuf, String),
@@ -50,9 +58,9 @@ pub struct TaskStore {
 impl TaskStore {
     /// Opens (creating when absent) the task database at `dir` with one column family per store.
     pub fn open(dir: &Path, names: &[String], env: &StoreEnv) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Rocks {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
             path: dir.to_path_buf(),
-            source: rocksdb::Error::new(format!("cannot create directory: {e}")),
+            source,
         })?;
         let opts = env.db_options();
         let families = names
