@@ -13,15 +13,28 @@ use std::time::{Duration, Instant};
 use tally::demo::generator;
 
 fn main() {
-    let events: usize = std::env::var("TALLY_BENCH_EVENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
-    let partitions: i32 = std::env::var("TALLY_BENCH_PARTITIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let business_events: usize = std::env::var("TALLY_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let partitions: i32 = std::env::var("TALLY_BENCH_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let names = Names::new("bench");
-    create_topics(&[(&names.input, partitions), (&names.output, partitions), (&names.dlq, 1)]);
-    let gen = generator::payments(events, 0, 0, 99);
+    create_topics(&[
+        (&names.input, partitions),
+        (&names.output, partitions),
+        (&names.dlq, 1),
+    ]);
+    let gen = generator::payments(business_events, 0, 0, 99);
     let records = gen.records.len();
     let t = Instant::now();
     produce(&names.input, &gen.records);
-    eprintln!("preloaded {records} records ({events} business events) in {:.1}s", t.elapsed().as_secs_f64());
+    eprintln!(
+        "preloaded {records} records ({business_events} business events) in {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
 
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -32,7 +45,8 @@ fn main() {
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(&names.output, p, Offset::Beginning).expect("tpl");
+        tpl.add_partition_offset(&names.output, p, Offset::Beginning)
+            .expect("tpl");
     }
     consumer.assign(&tpl).expect("assign");
 
@@ -43,7 +57,10 @@ fn main() {
     let mut seen = 0usize;
     let mut first_output = None;
     while seen < gen.expected_keys.len() {
-        assert!(started.elapsed() < Duration::from_secs(1800), "bench timed out at {seen} outputs");
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "bench timed out at {seen} outputs"
+        );
         if let Some(m) = consumer.poll(Duration::from_millis(100)) {
             m.expect("read output");
             first_output.get_or_insert_with(Instant::now);
@@ -61,6 +78,12 @@ fn main() {
         gen.expected_keys.len(),
         gen.expected_duplicates()
     );
-    println!("  wall time from process start: {total:.2}s  -> {:.0} input records/s", records as f64 / total);
-    println!("  from first output to last:   {steady:.2}s  -> {:.0} input records/s", records as f64 / steady);
+    println!(
+        "  wall time from process start: {total:.2}s  -> {:.0} input records/s",
+        records as f64 / total
+    );
+    println!(
+        "  from first output to last:   {steady:.2}s  -> {:.0} input records/s",
+        records as f64 / steady
+    );
 }

@@ -50,9 +50,17 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    commands::logging::init(cli.log_json);
+    // The demo prints a report; its per-record log lines would drown it.
+    let filter = match cli.command {
+        Command::Demo { .. } => "error",
+        _ => commands::logging::DEFAULT_FILTER,
+    };
+    commands::logging::init(cli.log_json, filter);
     let result = match cli.command {
-        Command::Run { topology, instance_id } => {
+        Command::Run {
+            topology,
+            instance_id,
+        } => {
             let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
             commands::run::run(&topology, &id).map(|()| true)
         }

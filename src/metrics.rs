@@ -9,6 +9,8 @@ pub struct Metrics {
     registry: Registry,
     /// Records consumed and committed, per pipeline.
     pub records_in: IntCounterVec,
+    /// Records forwarded through a repartition topic, per pipeline.
+    pub records_repartitioned: IntCounterVec,
     /// Records written to the output, per pipeline.
     pub records_out: IntCounterVec,
     /// Records dropped as duplicates, per pipeline.
@@ -52,34 +54,66 @@ impl Metrics {
     pub fn new(application_id: &str) -> prometheus::Result<Self> {
         let labels = [("application_id".to_string(), application_id.to_string())].into();
         let registry = Registry::new_custom(Some("tally".into()), Some(labels))?;
-        let counter_vec = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let records_in = counter_vec("records_in_total", "Records consumed and committed", &["pipeline"])?;
-        let records_out = counter_vec("records_out_total", "Records written to the output topic", &["pipeline"])?;
-        let duplicates = counter_vec("duplicates_total", "Records dropped as duplicates", &["pipeline"])?;
-        let dead_lettered =
-            counter_vec("dead_lettered_total", "Records sent to the dead-letter topic", &["pipeline", "reason"])?;
-        let restored_records =
-            counter_vec("restored_records_total", "Changelog records applied while restoring", &["store"])?;
+        let counter_vec =
+            |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
+                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let records_in = counter_vec(
+            "records_in_total",
+            "Records consumed and committed",
+            &["pipeline"],
+        )?;
+        let records_repartitioned = counter_vec(
+            "records_repartitioned_total",
+            "Records forwarded through a repartition topic",
+            &["pipeline"],
+        )?;
+        let records_out = counter_vec(
+            "records_out_total",
+            "Records written to the output topic",
+            &["pipeline"],
+        )?;
+        let duplicates = counter_vec(
+            "duplicates_total",
+            "Records dropped as duplicates",
+            &["pipeline"],
+        )?;
+        let dead_lettered = counter_vec(
+            "dead_lettered_total",
+            "Records sent to the dead-letter topic",
+            &["pipeline", "reason"],
+        )?;
+        let restored_records = counter_vec(
+            "restored_records_total",
+            "Changelog records applied while restoring",
+            &["store"],
+        )?;
         let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
             let c = IntCounter::new(name, help)?;
             registry.register(Box::new(c.clone()))?;
             Ok(c)
         };
-        let transactions_committed = counter("transactions_committed_total", "Committed Kafka transactions")?;
-        let transactions_aborted = counter("transactions_aborted_total", "Aborted Kafka transactions")?;
+        let transactions_committed = counter(
+            "transactions_committed_total",
+            "Committed Kafka transactions",
+        )?;
+        let transactions_aborted =
+            counter("transactions_aborted_total", "Aborted Kafka transactions")?;
         let rebalances = counter("rebalances_total", "Partition assignment changes seen")?;
         let commit_latency = Histogram::with_opts(
-            HistogramOpts::new("commit_latency_seconds", "Duration of send_offsets + commit_transaction")
-                .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
+            HistogramOpts::new(
+                "commit_latency_seconds",
+                "Duration of send_offsets + commit_transaction",
+            )
+            .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
         )?;
         registry.register(Box::new(commit_latency.clone()))?;
         Ok(Self {
             registry,
             records_in,
+            records_repartitioned,
             records_out,
             duplicates,
             dead_lettered,
@@ -104,7 +138,10 @@ impl Metrics {
             t.records_out += self.records_out.with_label_values(&[p]).get();
             t.duplicates += self.duplicates.with_label_values(&[p]).get();
             for r in Reason::ALL {
-                let n = self.dead_lettered.with_label_values(&[p.as_str(), r.as_str()]).get();
+                let n = self
+                    .dead_lettered
+                    .with_label_values(&[p.as_str(), r.as_str()])
+                    .get();
                 *t.dead_lettered.entry(r.as_str()).or_default() += n;
             }
         }

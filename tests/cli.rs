@@ -3,7 +3,10 @@
 use std::process::Command;
 
 fn tally(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tally")).args(args).output().expect("run tally")
+    Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(args)
+        .output()
+        .expect("run tally")
 }
 
 #[test]
@@ -16,14 +19,23 @@ fn every_example_topology_validates_and_describes() {
         .collect();
     files.sort();
     assert!(!files.is_empty());
-    let args: Vec<&str> = std::iter::once("validate").chain(files.iter().map(String::as_str)).collect();
+    let args: Vec<&str> = std::iter::once("validate")
+        .chain(files.iter().map(String::as_str))
+        .collect();
     let out = tally(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for f in &files {
         let out = tally(&["describe", f]);
         assert!(out.status.success());
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("-changelog"), "describe names the changelog topics: {text}");
+        assert!(
+            text.contains("-changelog"),
+            "describe names the changelog topics: {text}"
+        );
     }
 }
 
@@ -66,8 +78,13 @@ dead_letter: { topic: dlq }
         (13, "overwrite"),
         (15, "forever"),
     ] {
-        let hit = err.lines().any(|l| l.contains(&format!("bad.yaml:{line}:")) && l.contains(needle));
-        assert!(hit, "expected a problem on line {line} about `{needle}` in:\n{err}");
+        let hit = err
+            .lines()
+            .any(|l| l.contains(&format!("bad.yaml:{line}:")) && l.contains(needle));
+        assert!(
+            hit,
+            "expected a problem on line {line} about `{needle}` in:\n{err}"
+        );
     }
     assert!(err.contains("8 problems"), "{err}");
 }

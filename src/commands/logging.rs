@@ -2,10 +2,14 @@
 
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber; `json` selects one JSON object per line.
-pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,librdkafka=warn,rdkafka=warn"));
+/// Default filter of long-running commands.
+pub const DEFAULT_FILTER: &str = "info,librdkafka=warn,rdkafka=warn";
+
+/// Installs the global subscriber; `json` selects one JSON object per line, `default_filter`
+/// applies when `RUST_LOG` is unset.
+pub fn init(json: bool, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -8,7 +8,12 @@ pub fn validate(files: &[PathBuf]) -> bool {
     let mut all_ok = true;
     for f in files {
         match config::load_file(f) {
-            Ok(t) => println!("ok: {} (application `{}`, {} pipeline(s))", f.display(), t.application_id, t.pipelines.len()),
+            Ok(t) => println!(
+                "ok: {} (application `{}`, {} pipeline(s))",
+                f.display(),
+                t.application_id,
+                t.pipelines.len()
+            ),
             Err(e) => {
                 all_ok = false;
                 eprint!("{e}");

@@ -6,8 +6,8 @@ pub mod raw;
 pub mod validate;
 
 use crate::topology::Topology;
-pub use diagnostics::{ConfigError, Diagnostic};
 use diagnostics::Collector;
+pub use diagnostics::{ConfigError, Diagnostic};
 use std::path::Path;
 
 /// Reads and validates a topology file, with environment variables from the process.

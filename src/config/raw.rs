@@ -84,6 +84,7 @@ pub struct RawPipeline {
     pub from: Option<Text>,
     pub key: Option<Text>,
     pub correlation_id: Option<RawCorrelation>,
+    pub repartition: Option<Spanned<RawRepartition>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
     pub to: Option<Spanned<RawOutput>>,
 }
@@ -94,6 +95,13 @@ pub struct RawPipeline {
 pub struct RawCorrelation {
     pub header: Option<Text>,
     pub field: Option<Text>,
+}
+
+/// `repartition:` of a pipeline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRepartition {
+    pub key: Option<Text>,
 }
 
 /// One entry of `routes:`

@@ -3,8 +3,8 @@
 use super::diagnostics::Collector;
 use super::raw::{RawPipeline, RawRoute, RawTopology, Text};
 use crate::topology::{
-    CorrelationSpec, KafkaSettings, KeyTemplate, Output, Pipeline, Processing, Route, Source,
-    Strategy, Topology,
+    CorrelationSpec, KafkaSettings, KeyTemplate, Output, Pipeline, Processing, Repartition, Route,
+    Source, Strategy, Topology,
 };
 use globset::Glob;
 use serde_saphyr::{Location, Spanned};
@@ -35,11 +35,20 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
 
     let kafka = match raw.kafka {
         None => {
-            c.at(0, 0, "`kafka` section is required (at least `bootstrap_servers`)");
+            c.at(
+                0,
+                0,
+                "`kafka` section is required (at least `bootstrap_servers`)",
+            );
             None
         }
         Some(k) => {
-            let bootstrap = required(c, k.bootstrap_servers, None, "`kafka.bootstrap_servers` is required");
+            let bootstrap = required(
+                c,
+                k.bootstrap_servers,
+                None,
+                "`kafka.bootstrap_servers` is required",
+            );
             let mut properties = BTreeMap::new();
             for (name, value) in k.properties {
                 if RESERVED_PROPERTIES.contains(&name.as_str()) {
@@ -65,15 +74,24 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
         .map_or_else(|| PathBuf::from("./state"), |d| PathBuf::from(d.value));
 
     let sources = sources(c, raw.sources);
-    let pipelines = pipelines(c, raw.pipelines, &sources);
+    let pipelines = pipelines(c, raw.pipelines, &sources, application_id.as_deref());
 
     let dead_letter_topic = match raw.dead_letter {
         None => {
-            c.at(0, 0, "`dead_letter.topic` is required: bad records are never dropped silently");
+            c.at(
+                0,
+                0,
+                "`dead_letter.topic` is required: bad records are never dropped silently",
+            );
             None
         }
-        Some(d) => required(c, d.value.topic, Some(d.referenced), "`dead_letter.topic` is required")
-            .and_then(|t| kafka_name(c, &t, "dead_letter.topic")),
+        Some(d) => required(
+            c,
+            d.value.topic,
+            Some(d.referenced),
+            "`dead_letter.topic` is required",
+        )
+        .and_then(|t| kafka_name(c, &t, "dead_letter.topic")),
     };
 
     if let (Some(dlq), Some(pipes)) = (&dead_letter_topic, &pipelines) {
@@ -96,7 +114,12 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
     .filter(|_| c.is_empty())
 }
 
-fn required(c: &mut Collector, value: Option<Text>, parent: Option<Location>, message: &str) -> Option<Text> {
+fn required(
+    c: &mut Collector,
+    value: Option<Text>,
+    parent: Option<Location>,
+    message: &str,
+) -> Option<Text> {
     match value {
         Some(v) if !v.value.trim().is_empty() => Some(v),
         Some(v) => {
@@ -124,7 +147,10 @@ fn kafka_name(c: &mut Collector, t: &Text, what: &str) -> Option<String> {
     } else {
         c.at_loc(
             t.referenced,
-            format!("`{what}` is `{}`: use at most 200 of the characters a-z A-Z 0-9 . _ -", t.value),
+            format!(
+                "`{what}` is `{}`: use at most 200 of the characters a-z A-Z 0-9 . _ -",
+                t.value
+            ),
         );
         None
     }
@@ -141,22 +167,41 @@ fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Opti
     let mut ok = true;
     if let Some(g) = &p.guarantee {
         if g.value != "exactly_once" {
-            c.at_loc(g.referenced, format!("guarantee `{}` is not offered; tally runs `exactly_once` only", g.value));
+            c.at_loc(
+                g.referenced,
+                format!(
+                    "guarantee `{}` is not offered; tally runs `exactly_once` only",
+                    g.value
+                ),
+            );
             ok = false;
         }
     }
-    let mut bounded = |v: Option<Spanned<u64>>, default: u64, min: u64, max: u64, name: &str| match v {
-        None => default,
-        Some(s) if s.value >= min && s.value <= max => s.value,
-        Some(s) => {
-            c.at_loc(s.referenced, format!("`processing.{name}` is {}; use a value from {min} to {max}", s.value));
-            ok = false;
-            default
-        }
-    };
+    let mut bounded =
+        |v: Option<Spanned<u64>>, default: u64, min: u64, max: u64, name: &str| match v {
+            None => default,
+            Some(s) if s.value >= min && s.value <= max => s.value,
+            Some(s) => {
+                c.at_loc(
+                    s.referenced,
+                    format!(
+                        "`processing.{name}` is {}; use a value from {min} to {max}",
+                        s.value
+                    ),
+                );
+                ok = false;
+                default
+            }
+        };
     let commit_ms = bounded(p.commit_interval_ms, 100, 1, 600_000, "commit_interval_ms");
     let threads = bounded(p.threads, 1, 1, 64, "threads");
-    let max_bytes = bounded(p.max_record_bytes, DEFAULT_MAX_RECORD_BYTES, 1, 100 * 1024 * 1024, "max_record_bytes");
+    let max_bytes = bounded(
+        p.max_record_bytes,
+        DEFAULT_MAX_RECORD_BYTES,
+        1,
+        100 * 1024 * 1024,
+        "max_record_bytes",
+    );
     ok.then(|| Processing {
         commit_interval: Duration::from_millis(commit_ms),
         threads: threads as usize,
@@ -176,7 +221,13 @@ fn sources(c: &mut Collector, raw: Option<RawSources>) -> Option<BTreeMap<String
     for (name, src) in raw.value {
         if let Some(f) = &src.value.format {
             if f.value != "json" {
-                c.at_loc(f.referenced, format!("source `{name}`: format `{}` is not supported; use `json`", f.value));
+                c.at_loc(
+                    f.referenced,
+                    format!(
+                        "source `{name}`: format `{}` is not supported; use `json`",
+                        f.value
+                    ),
+                );
                 ok = false;
             }
         }
@@ -199,6 +250,7 @@ fn pipelines(
     c: &mut Collector,
     raw: Option<RawPipelines>,
     sources: &Option<BTreeMap<String, Source>>,
+    application_id: Option<&str>,
 ) -> Option<Vec<Pipeline>> {
     let Some(raw) = raw.filter(|p| !p.value.is_empty()) else {
         c.at(0, 0, "`pipelines` must define at least one pipeline");
@@ -210,12 +262,11 @@ fn pipelines(
     let mut used_sources: BTreeMap<String, String> = BTreeMap::new();
     for (i, p) in raw.value.into_iter().enumerate() {
         let at = p.referenced;
-        let label = p
-            .value
-            .name
-            .as_ref()
-            .map_or_else(|| format!("pipeline {}", i + 1), |n| format!("pipeline `{}`", n.value));
-        match pipeline(c, p.value, at, &label, sources) {
+        let label = p.value.name.as_ref().map_or_else(
+            || format!("pipeline {}", i + 1),
+            |n| format!("pipeline `{}`", n.value),
+        );
+        match pipeline(c, p.value, at, &label, sources, application_id) {
             Some(pipe) => {
                 if !names.insert(pipe.name.clone()) {
                     c.at_loc(at, format!("{label}: the name is used by an earlier pipeline; names must be unique"));
@@ -239,16 +290,29 @@ fn pipeline(
     at: Location,
     label: &str,
     sources: &Option<BTreeMap<String, Source>>,
+    application_id: Option<&str>,
 ) -> Option<Pipeline> {
     let name = required(c, p.name, Some(at), &format!("{label} needs a `name`"))
         .and_then(|n| kafka_name(c, &n, "pipelines.name"));
-    let from = required(c, p.from, Some(at), &format!("{label} needs `from`: the name of a source"));
+    let from = required(
+        c,
+        p.from,
+        Some(at),
+        &format!("{label} needs `from`: the name of a source"),
+    );
     let input_topic = match (&from, sources) {
         (Some(f), Some(srcs)) => match srcs.get(&f.value) {
             Some(s) => Some(s.topic.clone()),
             None => {
                 let known: Vec<&str> = srcs.keys().map(String::as_str).collect();
-                c.at_loc(f.referenced, format!("{label}: `from: {}` names no source; known sources: {}", f.value, known.join(", ")));
+                c.at_loc(
+                    f.referenced,
+                    format!(
+                        "{label}: `from: {}` names no source; known sources: {}",
+                        f.value,
+                        known.join(", ")
+                    ),
+                );
                 None
             }
         },
@@ -266,6 +330,23 @@ fn pipeline(
             field: cs.field.map(|f| f.value),
         },
     };
+    let repartition = match p.repartition {
+        None => Some(None),
+        Some(r) => required(
+            c,
+            r.value.key,
+            Some(r.referenced),
+            &format!("{label}: `repartition` needs a `key` template, e.g. \"{{payment_id}}\""),
+        )
+        .and_then(|k| template(c, &k, label, "repartition.key"))
+        .map(|key| {
+            let name = name.as_deref().unwrap_or("pipeline");
+            Some(Repartition {
+                key,
+                topic: format!("{}-{name}-repartition", application_id.unwrap_or("app")),
+            })
+        }),
+    };
     let routes = match p.routes {
         None => Some(vec![default_route()]),
         Some(rs) if rs.value.is_empty() => {
@@ -276,7 +357,12 @@ fn pipeline(
             let mut routes = Vec::new();
             let mut ok = true;
             for (i, r) in rs.value.into_iter().enumerate() {
-                match route(c, r.value, r.referenced, &format!("{label}, route {}", i + 1)) {
+                match route(
+                    c,
+                    r.value,
+                    r.referenced,
+                    &format!("{label}, route {}", i + 1),
+                ) {
                     Some(route) => routes.push(route),
                     None => ok = false,
                 }
@@ -290,18 +376,31 @@ fn pipeline(
             None
         }
         Some(to) => {
-            let topic = required(c, to.value.topic, Some(to.referenced), &format!("{label}: `to` needs a `topic`"))
-                .and_then(|t| kafka_name(c, &t, "to.topic"));
+            let topic = required(
+                c,
+                to.value.topic,
+                Some(to.referenced),
+                &format!("{label}: `to` needs a `topic`"),
+            )
+            .and_then(|t| kafka_name(c, &t, "to.topic"));
             let key = match to.value.key {
                 None => Some(None),
                 Some(k) => template(c, &k, label, "to.key").map(Some),
             };
             if let (Some(t), Some(input)) = (&topic, &input_topic) {
                 if t == input {
-                    c.at_loc(to.referenced, format!("{label}: output topic `{t}` is its own input; that would loop forever"));
+                    c.at_loc(
+                        to.referenced,
+                        format!(
+                            "{label}: output topic `{t}` is its own input; that would loop forever"
+                        ),
+                    );
                 }
             }
-            Some(Output { topic: topic?, key: key? })
+            Some(Output {
+                topic: topic?,
+                key: key?,
+            })
         }
     };
     Some(Pipeline {
@@ -310,6 +409,7 @@ fn pipeline(
         input_topic: input_topic?,
         key: key?,
         correlation,
+        repartition: repartition?,
         routes: routes?,
         output: output?,
     })
@@ -319,7 +419,9 @@ fn default_route() -> Route {
     Route {
         event_type: "*".into(),
         matcher: None,
-        strategy: Strategy::Ignore { retention: DEFAULT_RETENTION },
+        strategy: Strategy::Ignore {
+            retention: DEFAULT_RETENTION,
+        },
     }
 }
 
@@ -330,7 +432,14 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
         Some(p) => match Glob::new(&p.value) {
             Ok(g) => Some(Some(g.compile_matcher())),
             Err(e) => {
-                c.at_loc(p.referenced, format!("{label}: `event_type` glob `{}` is invalid: {}", p.value, e.kind()));
+                c.at_loc(
+                    p.referenced,
+                    format!(
+                        "{label}: `event_type` glob `{}` is invalid: {}",
+                        p.value,
+                        e.kind()
+                    ),
+                );
                 None
             }
         },
@@ -340,7 +449,10 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
         Some(t) => match humantime::parse_duration(&t.value) {
             Ok(d) if !d.is_zero() => Some(d),
             Ok(_) => {
-                c.at_loc(t.referenced, format!("{label}: `retention` must be longer than zero"));
+                c.at_loc(
+                    t.referenced,
+                    format!("{label}: `retention` must be longer than zero"),
+                );
                 None
             }
             Err(e) => {
@@ -377,7 +489,10 @@ fn template(c: &mut Collector, t: &Text, label: &str, what: &str) -> Option<KeyT
     match t.value.parse() {
         Ok(k) => Some(k),
         Err(e) => {
-            c.at_loc(t.referenced, format!("{label}: `{what}` template `{}`: {e}", t.value));
+            c.at_loc(
+                t.referenced,
+                format!("{label}: `{what}` template `{}`: {e}", t.value),
+            );
             None
         }
     }

@@ -32,7 +32,9 @@ pub struct Generated {
 impl Generated {
     /// Valid records that must be dropped as duplicates.
     pub fn expected_duplicates(&self) -> u64 {
-        self.records.len() as u64 - self.expected_keys.len() as u64 - self.poison.values().sum::<u64>()
+        self.records.len() as u64
+            - self.expected_keys.len() as u64
+            - self.poison.values().sum::<u64>()
     }
 }
 
@@ -44,7 +46,12 @@ const STATUSES: [(&str, &str); 3] = [
 
 /// Generates `events` distinct business events, each delivered 1–5 times, in shuffled-nearby
 /// order, plus about `poison_per_mille`‰ poison records. `oversize_bytes` sizes oversize poison.
-pub fn payments(events: usize, poison_per_mille: u32, oversize_bytes: usize, seed: u64) -> Generated {
+pub fn payments(
+    events: usize,
+    poison_per_mille: u32,
+    oversize_bytes: usize,
+    seed: u64,
+) -> Generated {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Generated::default();
     for i in 0..events {
@@ -66,7 +73,10 @@ pub fn payments(events: usize, poison_per_mille: u32, oversize_bytes: usize, see
             } else {
                 payment_id.clone()
             };
-            let mut headers = vec![("message_id".to_string(), format!("m-{i}-{copy}-{}", rng.random::<u32>()))];
+            let mut headers = vec![(
+                "message_id".to_string(),
+                format!("m-{i}-{copy}-{}", rng.random::<u32>()),
+            )];
             if repushed {
                 headers.push(("delivery_attempt".to_string(), copy.to_string()));
             }

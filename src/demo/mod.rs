@@ -36,7 +36,9 @@ pub struct DemoReport {
 pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
     let cluster = MockCluster::new(1).context("starting the mock cluster")?;
     for topic in ["payments.events", "payments.deduped", "payments.dlq"] {
-        cluster.create_topic(topic, 3, 1).with_context(|| format!("creating {topic} on the mock"))?;
+        cluster
+            .create_topic(topic, 3, 1)
+            .with_context(|| format!("creating {topic} on the mock"))?;
     }
     let bootstrap = cluster.bootstrap_servers();
     let state = tempfile::tempdir().context("creating a state directory for the demo")?;
@@ -45,11 +47,21 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         "TALLY_STATE_DIR" => Some(state.path().display().to_string()),
         _ => None,
     };
-    let topology = Arc::new(config::load_str("topologies/payments.yaml", PAYMENTS_TOPOLOGY, env)?);
-    // The mock has no CreateTopics API, so the changelogs tally would create are made here.
+    let topology = Arc::new(config::load_str(
+        "topologies/payments.yaml",
+        PAYMENTS_TOPOLOGY,
+        env,
+    )?);
+    // The mock has no CreateTopics API, so the internal topics tally would create are made here.
     for p in &topology.pipelines {
         let changelog = topology.changelog_topic(&p.dedup_store());
-        cluster.create_topic(&changelog, 3, 1).with_context(|| format!("creating {changelog} on the mock"))?;
+        let internal = std::iter::once(changelog.as_str())
+            .chain(p.repartition.as_ref().map(|r| r.topic.as_str()));
+        for topic in internal {
+            cluster
+                .create_topic(topic, 3, 1)
+                .with_context(|| format!("creating {topic} on the mock"))?;
+        }
     }
 
     let generated = generator::payments(events, 20, topology.processing.max_record_bytes, seed);
@@ -59,9 +71,15 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         .context("creating the demo producer")?;
     for r in &generated.records {
         let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
-            h.insert(Header { key: k, value: Some(v) })
+            h.insert(Header {
+                key: k,
+                value: Some(v),
+            })
         });
-        let mut record = BaseRecord::to("payments.events").key(&r.key).payload(&r.payload).headers(headers);
+        let mut record = BaseRecord::to("payments.events")
+            .key(&r.key)
+            .payload(&r.payload)
+            .headers(headers);
         loop {
             match producer.send(record) {
                 Ok(()) => break,
@@ -72,17 +90,32 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
             }
         }
     }
-    producer.flush(Duration::from_secs(30)).context("flushing the demo input")?;
+    producer
+        .flush(Duration::from_secs(30))
+        .context("flushing the demo input")?;
     let produced = generated.records.len() as u64;
 
     let metrics = Arc::new(Metrics::new(&topology.application_id)?);
     let names = crate::commands::run::pipeline_names(&topology);
     let shutdown = Shutdown::default();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let totals = rt.block_on(async {
-        let engine = tokio::spawn(engine::run(topology.clone(), "demo", metrics.clone(), shutdown.clone()));
+        let engine = tokio::spawn(engine::run(
+            topology.clone(),
+            "demo",
+            metrics.clone(),
+            shutdown.clone(),
+        ));
         let deadline = Instant::now() + Duration::from_secs(120);
-        while metrics.totals(&names).records_in < produced && Instant::now() < deadline && !engine.is_finished() {
+        // Done when every input record is accounted for, after the repartition hop too.
+        let done = |t: &Totals| {
+            t.records_in == produced
+                && t.records_out + t.duplicates + t.dead_lettered_total() == produced
+        };
+        while !done(&metrics.totals(&names)) && Instant::now() < deadline && !engine.is_finished() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         shutdown.trigger();
@@ -90,7 +123,10 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         Ok::<_, anyhow::Error>(metrics.totals(&names))
     })?;
     if totals.records_in < produced {
-        bail!("the demo processed {} of {produced} records within 120 s", totals.records_in);
+        bail!(
+            "the demo processed {} of {produced} records within 120 s",
+            totals.records_in
+        );
     }
     Ok(DemoReport {
         produced,
@@ -105,15 +141,30 @@ pub fn render(r: &DemoReport) -> String {
     let t = &r.totals;
     let mut s = String::new();
     s.push_str("tally demo: payments topology on librdkafka's in-process MOCK cluster\n");
-    s.push_str("  NOTE: the mock cluster cannot demonstrate exactly-once (it does not filter aborted\n");
-    s.push_str("  transactions or store transactional offsets). Exactly-once is shown by the test suite\n");
+    s.push_str(
+        "  NOTE: the mock cluster cannot demonstrate exactly-once (it does not filter aborted\n",
+    );
+    s.push_str(
+        "  transactions or store transactional offsets). Exactly-once is shown by the test suite\n",
+    );
     s.push_str("  against a real Apache Kafka broker.\n\n");
-    s.push_str(&format!("  generated   {:>7} records: {} distinct payment events, each sent 1-5 times, {} poison\n", r.produced, r.unique_events, r.poison));
+    s.push_str(&format!(
+        "  generated   {:>7} records: {} distinct payment events, each sent 1-5 times, {} poison\n",
+        r.produced, r.unique_events, r.poison
+    ));
     s.push_str(&format!("  in          {:>7}\n", t.records_in));
-    s.push_str(&format!("  out         {:>7}  (expected {})\n", t.records_out, r.unique_events));
+    s.push_str(&format!(
+        "  out         {:>7}  (expected {})\n",
+        t.records_out, r.unique_events
+    ));
     s.push_str(&format!("  duplicates  {:>7}\n", t.duplicates));
     s.push_str(&format!("  dead-letter {:>7}", t.dead_lettered_total()));
-    let reasons: Vec<String> = t.dead_lettered.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}={n}")).collect();
+    let reasons: Vec<String> = t
+        .dead_lettered
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(k, n)| format!("{k}={n}"))
+        .collect();
     if !reasons.is_empty() {
         s.push_str(&format!("  ({})", reasons.join(", ")));
     }

@@ -12,8 +12,8 @@ use tokio::runtime::Handle;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Checks every source topic exists and creates missing changelog topics, compacted, with the
-/// source's partition count. Returns each source topic's partition count.
+/// Checks every source topic exists and creates missing internal topics (compacted changelogs,
+/// repartition topics) with the source's partition count. Returns each source topic's partition count.
 ///
 /// Blocking: call it from a blocking thread; `rt` drives the admin futures.
 pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>> {
@@ -32,7 +32,17 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
         })?;
         partitions.insert(p.input_topic.clone(), n);
         let changelog = t.changelog_topic(&p.dedup_store());
-        ensure_changelog(&admin, rt, &changelog, n)?;
+        ensure_internal(&admin, rt, &changelog, n, &[("cleanup.policy", "compact")])?;
+        if let Some(r) = &p.repartition {
+            // Kept until consumed: tally deletes records below the committed offsets.
+            ensure_internal(
+                &admin,
+                rt,
+                &r.topic,
+                n,
+                &[("cleanup.policy", "delete"), ("retention.ms", "-1")],
+            )?;
+        }
     }
     Ok(partitions)
 }
@@ -41,38 +51,56 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
     let md = admin
         .inner()
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .with_context(|| format!("cannot read metadata of topic `{topic}`: is the broker reachable?"))?;
+        .with_context(|| {
+            format!("cannot read metadata of topic `{topic}`: is the broker reachable?")
+        })?;
     let Some(tm) = md.topics().iter().find(|tm| tm.name() == topic) else {
         return Ok(None);
     };
     match tm.error() {
         None if !tm.partitions().is_empty() => Ok(Some(tm.partitions().len() as i32)),
         None => Ok(None),
-        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(None),
+        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
+            Ok(None)
+        }
         Some(e) => bail!("metadata of topic `{topic}`: {}", RDKafkaErrorCode::from(e)),
     }
 }
 
-fn ensure_changelog(admin: &AdminClient<DefaultClientContext>, rt: &Handle, topic: &str, partitions: i32) -> Result<()> {
+fn ensure_internal(
+    admin: &AdminClient<DefaultClientContext>,
+    rt: &Handle,
+    topic: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) -> Result<()> {
     if let Some(existing) = partition_count(admin, topic)? {
         if existing != partitions {
             bail!(
-                "changelog topic `{topic}` has {existing} partitions but its source has {partitions}; \
-                 a changelog must match its source: delete the changelog topic and the state directory to rebuild"
+                "internal topic `{topic}` has {existing} partitions but its source has {partitions}; \
+                 they must match: stop every instance, delete the topic and the state directory to rebuild"
             );
         }
         return Ok(());
     }
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let new = config.iter().fold(
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)),
+        |t, (k, v)| t.set(k, v),
+    );
     let results = rt
-        .block_on(admin.create_topics([&new], &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT))))
-        .with_context(|| format!("cannot create changelog topic `{topic}`"))?;
+        .block_on(admin.create_topics(
+            [&new],
+            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
+        ))
+        .with_context(|| format!("cannot create internal topic `{topic}`"))?;
     for r in results {
         match r {
-            Ok(_) => tracing::info!(topic, partitions, "created changelog topic"),
+            Ok(_) => tracing::info!(topic, partitions, "created internal topic"),
             // Another instance created it first: check it like an existing one.
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => return ensure_changelog(admin, rt, topic, partitions),
-            Err((name, code)) => bail!("cannot create changelog topic `{name}`: {code}"),
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                return ensure_internal(admin, rt, topic, partitions, config)
+            }
+            Err((name, code)) => bail!("cannot create internal topic `{name}`: {code}"),
         }
     }
     Ok(())

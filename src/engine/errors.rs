@@ -98,14 +98,26 @@ mod tests {
         let c = |code| classify(&KafkaError::MessageProduction(code));
         assert_eq!(c(RDKafkaErrorCode::QueueFull), ErrorClass::Retriable);
         assert_eq!(c(RDKafkaErrorCode::ProducerFenced), ErrorClass::Fenced);
-        assert_eq!(c(RDKafkaErrorCode::InvalidProducerEpoch), ErrorClass::Fenced);
-        assert_eq!(c(RDKafkaErrorCode::RebalanceInProgress), ErrorClass::Abortable);
-        assert_eq!(c(RDKafkaErrorCode::TopicAuthorizationFailed), ErrorClass::Fatal);
+        assert_eq!(
+            c(RDKafkaErrorCode::InvalidProducerEpoch),
+            ErrorClass::Fenced
+        );
+        assert_eq!(
+            c(RDKafkaErrorCode::RebalanceInProgress),
+            ErrorClass::Abortable
+        );
+        assert_eq!(
+            c(RDKafkaErrorCode::TopicAuthorizationFailed),
+            ErrorClass::Fatal
+        );
     }
 
     #[test]
     fn fenced_errors_become_task_migrations() {
-        let e = EngineError::from_kafka(KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced), "commit");
+        let e = EngineError::from_kafka(
+            KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced),
+            "commit",
+        );
         assert!(matches!(e, EngineError::TaskMigrated(_)));
     }
 }

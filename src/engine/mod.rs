@@ -4,6 +4,7 @@ pub mod admin;
 pub mod clients;
 pub mod errors;
 pub mod producer;
+pub mod purge;
 pub mod restore;
 pub mod stream_thread;
 pub mod task;
@@ -45,7 +46,12 @@ impl Shutdown {
 }
 
 /// Runs `topology` as instance `instance_id` until `shutdown` is triggered.
-pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metrics>, shutdown: Shutdown) -> Result<()> {
+pub async fn run(
+    topology: Arc<Topology>,
+    instance_id: &str,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) -> Result<()> {
     let t = topology.clone();
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || admin::prepare_topics(&t, &rt))
@@ -53,7 +59,10 @@ pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metric
         .context("topic preparation panicked")??;
     let state = topology.state_dir.join(&topology.application_id);
     std::fs::create_dir_all(&state).with_context(|| {
-        format!("state directory {} cannot be created; set `state.dir` to a writable path", state.display())
+        format!(
+            "state directory {} cannot be created; set `state.dir` to a writable path",
+            state.display()
+        )
     })?;
     let store_env = Arc::new(StoreEnv::default());
     let mut handles = Vec::new();
@@ -65,6 +74,7 @@ pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metric
             metrics: metrics.clone(),
             store_env: store_env.clone(),
             shutdown: shutdown.clone(),
+            rt: tokio::runtime::Handle::current(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         let handle = std::thread::Builder::new()

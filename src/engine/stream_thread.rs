@@ -4,13 +4,14 @@
 use super::clients;
 use super::errors::{classify, EngineError, ErrorClass};
 use super::producer::TxnProducer;
+use super::purge::Purger;
 use super::restore;
-use super::task::{Counts, ProcessError, Task};
+use super::task::{Counts, ProcessError, Task, Work};
 use super::Shutdown;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
 use crate::store::{StoreEnv, TaskStore};
-use crate::topology::Topology;
+use crate::topology::{Stage, Topology};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::BorrowedMessage;
@@ -39,6 +40,8 @@ pub struct ThreadConfig {
     pub store_env: Arc<StoreEnv>,
     /// Set when the instance should stop.
     pub shutdown: Shutdown,
+    /// Runtime for background admin requests.
+    pub rt: tokio::runtime::Handle,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
@@ -68,9 +71,12 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
     let txn_id = format!("{}-{}-{}", t.application_id, cfg.instance_id, cfg.index);
     let producer = TxnProducer::new(&clients::transactional_producer(t, &txn_id), KAFKA_TIMEOUT)
         .map_err(|e| EngineError::from_kafka(e, "initialising the transactional producer"))?;
+    let purger = Purger::new(&clients::base(t), cfg.rt.clone())
+        .map_err(|e| EngineError::Fatal(e.context("creating the admin client for purging")))?;
     let state = ThreadState {
         cfg: cfg.clone(),
         producer,
+        purger,
         tasks: HashMap::new(),
         pending_since: None,
         pending_records: 0,
@@ -82,7 +88,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             state: Mutex::new(state),
         })
         .map_err(|e| EngineError::Fatal(anyhow!(e).context("creating the consumer")))?;
-    let topics: Vec<&str> = t.pipelines.iter().map(|p| p.input_topic.as_str()).collect();
+    let topics = t.consumed_topics();
     consumer
         .subscribe(&topics)
         .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing")))?;
@@ -108,14 +114,17 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         }
     }
     lock(ctx)?.commit(&consumer)?;
-    tracing::info!(thread = cfg.index, "stream thread stopping: last transaction committed, leaving the group");
+    tracing::info!(
+        thread = cfg.index,
+        "stream thread stopping: last transaction committed, leaving the group"
+    );
     Ok(())
 }
 
 fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError> {
-    ctx.state
-        .lock()
-        .map_err(|_| EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic")))
+    ctx.state.lock().map_err(|_| {
+        EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic"))
+    })
 }
 
 /// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
@@ -127,7 +136,9 @@ impl ClientContext for StreamContext {}
 
 impl ConsumerContext for StreamContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Ok(mut st) = self.state.lock() else { return };
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
         st.cfg.metrics.rebalances.inc();
         match rebalance {
             Rebalance::Revoke(tpl) => {
@@ -139,13 +150,25 @@ impl ConsumerContext for StreamContext {
                     }
                 }
                 for el in tpl.elements() {
-                    if st.tasks.remove(&(el.topic().to_string(), el.partition())).is_some() {
-                        tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
+                    if st
+                        .tasks
+                        .remove(&(el.topic().to_string(), el.partition()))
+                        .is_some()
+                    {
+                        tracing::info!(
+                            topic = el.topic(),
+                            partition = el.partition(),
+                            "task closed (revoked)"
+                        );
                     }
                 }
             }
             Rebalance::Assign(tpl) => {
-                let parts: Vec<String> = tpl.elements().iter().map(|e| format!("{}[{}]", e.topic(), e.partition())).collect();
+                let parts: Vec<String> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| format!("{}[{}]", e.topic(), e.partition()))
+                    .collect();
                 tracing::info!(partitions = %parts.join(","), "partitions assigned");
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
@@ -157,6 +180,7 @@ impl ConsumerContext for StreamContext {
 struct ThreadState {
     cfg: ThreadConfig,
     producer: TxnProducer,
+    purger: Purger,
     tasks: HashMap<(String, i32), Task>,
     pending_since: Option<Instant>,
     pending_records: usize,
@@ -165,7 +189,11 @@ struct ThreadState {
 }
 
 impl ThreadState {
-    fn process(&mut self, consumer: &BaseConsumer<StreamContext>, msg: &BorrowedMessage<'_>) -> Result<(), EngineError> {
+    fn process(
+        &mut self,
+        consumer: &BaseConsumer<StreamContext>,
+        msg: &BorrowedMessage<'_>,
+    ) -> Result<(), EngineError> {
         let key = (msg.topic().to_string(), msg.partition());
         if !self.tasks.contains_key(&key) {
             let task = self.open_task(&key.0, key.1)?;
@@ -192,24 +220,51 @@ impl ThreadState {
 
     fn open_task(&self, topic: &str, partition: i32) -> Result<Task, EngineError> {
         let t = &self.cfg.topology;
-        let (_, pipeline) = t
-            .pipeline_for_topic(topic)
+        let (pipeline, stage) = t
+            .stage_for_topic(topic)
             .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
-        let stores = vec![pipeline.dedup_store()];
-        let changelogs: Vec<String> = stores.iter().map(|s| t.changelog_topic(s)).collect();
-        let dir = t.state_dir.join(&t.application_id).join(format!("{}-{partition}", pipeline.name));
-        let fatal = |e: anyhow::Error| EngineError::Fatal(e);
-        let mut store = TaskStore::open(&dir, &stores, &self.cfg.store_env)
-            .with_context(|| format!("opening the state of task {}-{partition}", pipeline.name))
-            .map_err(fatal)?;
-        for (i, changelog) in changelogs.iter().enumerate() {
-            restore::restore(&self.restore_config, &mut store, i, changelog, partition, &self.cfg.metrics)
-                .with_context(|| format!("restoring task {}-{partition}", pipeline.name))
-                .map_err(fatal)?;
-        }
-        let processor = PipelineProcessor::new(Arc::new(pipeline.clone()), t.processing.max_record_bytes, 0);
-        tracing::info!(task = %format!("{}-{partition}", pipeline.name), "task ready");
-        Ok(Task::new(partition, processor, store, changelogs, t.dead_letter_topic.clone()))
+        let name = format!("{}-{partition}", pipeline.name);
+        let work = match (stage, &pipeline.repartition) {
+            (Stage::Repartition, Some(r)) => Work::Repartition {
+                key: r.key.clone(),
+                topic: r.topic.clone(),
+            },
+            _ => {
+                let stores = vec![pipeline.dedup_store()];
+                let changelogs: Vec<String> = stores.iter().map(|s| t.changelog_topic(s)).collect();
+                let dir = t.state_dir.join(&t.application_id).join(&name);
+                let fatal = |e: anyhow::Error| EngineError::Fatal(e);
+                let mut store = TaskStore::open(&dir, &stores, &self.cfg.store_env)
+                    .with_context(|| format!("opening the state of task {name}"))
+                    .map_err(fatal)?;
+                for (i, changelog) in changelogs.iter().enumerate() {
+                    restore::restore(
+                        &self.restore_config,
+                        &mut store,
+                        i,
+                        changelog,
+                        partition,
+                        &self.cfg.metrics,
+                    )
+                    .with_context(|| format!("restoring task {name}"))
+                    .map_err(fatal)?;
+                }
+                Work::Process {
+                    store,
+                    changelogs,
+                    repartitioned: pipeline.repartition.is_some(),
+                }
+            }
+        };
+        let processor =
+            PipelineProcessor::new(Arc::new(pipeline.clone()), t.processing.max_record_bytes, 0);
+        tracing::info!(task = %name, topic, stage = ?stage, "task ready");
+        Ok(Task::new(
+            partition,
+            processor,
+            work,
+            t.dead_letter_topic.clone(),
+        ))
     }
 
     fn commit_due(&self) -> bool {
@@ -232,9 +287,9 @@ impl ThreadState {
                     .map_err(|e| EngineError::Fatal(anyhow!(e)))?;
             }
         }
-        let group = consumer
-            .group_metadata()
-            .ok_or_else(|| EngineError::TaskMigrated("no consumer group metadata (not a group member)".into()))?;
+        let group = consumer.group_metadata().ok_or_else(|| {
+            EngineError::TaskMigrated("no consumer group metadata (not a group member)".into())
+        })?;
         let started = Instant::now();
         let delivered = match self.producer.commit(&offsets, &group) {
             Ok(d) => d,
@@ -251,10 +306,14 @@ impl ThreadState {
         let m = &self.cfg.metrics;
         m.commit_latency.observe(started.elapsed().as_secs_f64());
         m.transactions_committed.inc();
-        for task in self.tasks.values_mut() {
+        for ((topic, partition), task) in self.tasks.iter_mut() {
+            if let (true, Some(next)) = (task.reads_repartition_topic(), task.next_offset()) {
+                self.purger.committed(topic, *partition, next);
+            }
             let counts = task.committed(&delivered)?;
             publish(m, task, &counts);
         }
+        self.purger.maybe_purge();
         self.pending_since = None;
         self.pending_records = 0;
         Ok(())
@@ -262,7 +321,10 @@ impl ThreadState {
 
     /// Aborts the transaction, drops uncommitted store writes and rewinds every task to its
     /// committed offset, so the aborted records are processed again.
-    fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+    fn abort_and_rewind(
+        &mut self,
+        consumer: &BaseConsumer<StreamContext>,
+    ) -> Result<(), EngineError> {
         self.producer
             .abort()
             .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
@@ -305,9 +367,14 @@ impl ThreadState {
 fn publish(m: &Metrics, task: &Task, c: &Counts) {
     let p = task.pipeline_name();
     m.records_in.with_label_values(&[p]).inc_by(c.records_in);
+    m.records_repartitioned
+        .with_label_values(&[p])
+        .inc_by(c.repartitioned);
     m.records_out.with_label_values(&[p]).inc_by(c.records_out);
     m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
     for (reason, n) in &c.dead_lettered {
-        m.dead_lettered.with_label_values(&[p, reason.as_str()]).inc_by(*n);
+        m.dead_lettered
+            .with_label_values(&[p, reason.as_str()])
+            .inc_by(*n);
     }
 }

@@ -1,10 +1,11 @@
-//! A task: one input partition, its pipeline and stores, and what it produced in the open
-//! transaction.
+//! A task: one partition of a consumed topic, the pipeline stage it feeds, its stores, and
+//! what it produced in the open transaction.
 
 use super::errors::EngineError;
 use super::producer::{Outgoing, TxnProducer};
-use crate::processors::{Decision, Input, PipelineProcessor, Reason};
+use crate::processors::{Decision, Input, PipelineProcessor, Processed, Reason, Rejection};
 use crate::store::TaskStore;
+use crate::topology::KeyTemplate;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::Message;
@@ -13,11 +14,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Header carrying the business idempotency key on outputs.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "tally.idempotency_key";
-/// Dead-letter headers.
+/// Machine-readable dead-letter reason.
 pub const REASON_HEADER: &str = "tally.error.reason";
 /// Human-readable detail of a dead-letter reason.
 pub const DETAIL_HEADER: &str = "tally.error.detail";
-/// Source coordinates of a dead-lettered record.
+/// Source topic of a dead-lettered record.
 pub const SOURCE_TOPIC_HEADER: &str = "tally.source.topic";
 /// Source partition of a dead-lettered record.
 pub const SOURCE_PARTITION_HEADER: &str = "tally.source.partition";
@@ -27,8 +28,10 @@ pub const SOURCE_OFFSET_HEADER: &str = "tally.source.offset";
 /// Outcome counts of the open transaction, published to metrics only when it commits.
 #[derive(Debug, Default, Clone)]
 pub struct Counts {
-    /// Records consumed.
+    /// Records consumed from a source topic.
     pub records_in: u64,
+    /// Records forwarded to a repartition topic.
+    pub repartitioned: u64,
     /// Records emitted.
     pub records_out: u64,
     /// Duplicates dropped.
@@ -45,12 +48,31 @@ pub enum ProcessError {
     Engine(EngineError),
 }
 
-/// One input partition with its pipeline and stores.
+/// What a task does with its records.
+pub enum Work {
+    /// Re-key and forward to the repartition topic (stateless).
+    Repartition {
+        /// The new message key.
+        key: KeyTemplate,
+        /// The repartition topic.
+        topic: String,
+    },
+    /// Run the strategies against the task's stores.
+    Process {
+        /// The task's stores.
+        store: TaskStore,
+        /// `changelogs[i]` is the changelog topic of store `i`.
+        changelogs: Vec<String>,
+        /// True when the records come from a repartition topic (already counted as input).
+        repartitioned: bool,
+    },
+}
+
+/// One partition of a consumed topic with its pipeline stage.
 pub struct Task {
     partition: i32,
     processor: PipelineProcessor,
-    store: TaskStore,
-    changelogs: Vec<String>,
+    work: Work,
     dead_letter_topic: String,
     correlation_header: String,
     next_offset: Option<i64>,
@@ -58,12 +80,11 @@ pub struct Task {
 }
 
 impl Task {
-    /// A task over restored stores; `changelogs[i]` is the changelog of store `i`.
+    /// A task for `partition` doing `work`.
     pub fn new(
         partition: i32,
         processor: PipelineProcessor,
-        store: TaskStore,
-        changelogs: Vec<String>,
+        work: Work,
         dead_letter_topic: String,
     ) -> Self {
         let correlation_header = processor
@@ -75,8 +96,7 @@ impl Task {
         Self {
             partition,
             processor,
-            store,
-            changelogs,
+            work,
             dead_letter_topic,
             correlation_header,
             next_offset: None,
@@ -94,92 +114,126 @@ impl Task {
         self.next_offset
     }
 
-    /// Runs one record and produces its output or dead letter and its changelog records.
-    pub fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
-        let header_value = msg.headers().and_then(|h| {
-            h.iter()
-                .find(|h| h.key == self.correlation_header)
-                .and_then(|h| h.value)
-                .and_then(|v| std::str::from_utf8(v).ok())
-        });
+    /// True for tasks reading a repartition topic (whose consumed records may be purged).
+    pub fn reads_repartition_topic(&self) -> bool {
+        matches!(
+            self.work,
+            Work::Process {
+                repartitioned: true,
+                ..
+            }
+        )
+    }
+
+    /// Runs one record, producing its output, forward or dead letter and changelog records.
+    pub fn process(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        producer: &mut TxnProducer,
+    ) -> Result<(), ProcessError> {
+        let header_value = header_text(msg, &self.correlation_header);
         let input = Input {
             payload: msg.payload(),
             correlation_header: header_value,
             coordinates: (msg.topic(), msg.partition(), msg.offset()),
             now_ms: now_ms(),
         };
-        let processed = self
-            .processor
-            .process(&input, &mut self.store)
-            .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
-        let pipeline = self.processor.pipeline();
-        self.counts.records_in += 1;
-        match &processed.decision {
-            Decision::Emit {
-                idempotency_key,
-                output_key,
+        match &mut self.work {
+            Work::Repartition { key, topic } => {
+                self.counts.records_in += 1;
+                match self.processor.rekey(key, &input) {
+                    Ok(new_key) => {
+                        // The stateful stage reports dead letters with the original place.
+                        let headers = copy_headers(msg, "")
+                            .insert(header(SOURCE_TOPIC_HEADER, msg.topic()))
+                            .insert(header(
+                                SOURCE_PARTITION_HEADER,
+                                &msg.partition().to_string(),
+                            ))
+                            .insert(header(SOURCE_OFFSET_HEADER, &msg.offset().to_string()));
+                        producer
+                            .send(Outgoing {
+                                topic,
+                                partition: None,
+                                key: Some(new_key.as_bytes()),
+                                payload: msg.payload(),
+                                headers,
+                            })
+                            .map_err(ProcessError::Kafka)?;
+                        self.counts.repartitioned += 1;
+                    }
+                    Err(rejected) => dead_letter(
+                        &self.dead_letter_topic,
+                        &self.correlation_header,
+                        &mut self.counts,
+                        msg,
+                        &rejected,
+                        producer,
+                    )?,
+                }
+            }
+            Work::Process {
+                store,
+                changelogs,
+                repartitioned,
             } => {
-                let headers = copy_headers(msg, &self.correlation_header)
-                    .insert(header(&self.correlation_header, &processed.correlation_id))
-                    .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
-                producer
-                    .send(Outgoing {
-                        topic: &pipeline.output.topic,
-                        partition: None,
-                        key: Some(output_key.as_bytes()),
-                        payload: msg.payload(),
-                        headers,
-                    })
-                    .map_err(ProcessError::Kafka)?;
-                self.counts.records_out += 1;
+                if !*repartitioned {
+                    self.counts.records_in += 1;
+                }
+                let processed = self
+                    .processor
+                    .process(&input, store)
+                    .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
+                let changes = store.take_changes();
+                match &processed.decision {
+                    Decision::Emit {
+                        idempotency_key,
+                        output_key,
+                    } => {
+                        let headers = copy_headers(msg, &self.correlation_header)
+                            .insert(header(&self.correlation_header, &processed.correlation_id))
+                            .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
+                        producer
+                            .send(Outgoing {
+                                topic: &self.processor.pipeline().output.topic,
+                                partition: None,
+                                key: Some(output_key.as_bytes()),
+                                payload: msg.payload(),
+                                headers,
+                            })
+                            .map_err(ProcessError::Kafka)?;
+                        self.counts.records_out += 1;
+                    }
+                    Decision::Duplicate { idempotency_key } => {
+                        tracing::debug!(
+                            correlation_id = %processed.correlation_id,
+                            idempotency_key = %idempotency_key,
+                            "duplicate dropped"
+                        );
+                        self.counts.duplicates += 1;
+                    }
+                    Decision::Reject(_) => {}
+                }
+                for change in changes {
+                    producer
+                        .send(Outgoing {
+                            topic: &changelogs[change.store],
+                            partition: Some(self.partition),
+                            key: Some(&change.key),
+                            payload: change.value.as_deref(),
+                            headers: OwnedHeaders::new(),
+                        })
+                        .map_err(ProcessError::Kafka)?;
+                }
+                dead_letter(
+                    &self.dead_letter_topic,
+                    &self.correlation_header,
+                    &mut self.counts,
+                    msg,
+                    &processed,
+                    producer,
+                )?;
             }
-            Decision::Duplicate { idempotency_key } => {
-                tracing::debug!(
-                    correlation_id = %processed.correlation_id,
-                    idempotency_key = %idempotency_key,
-                    "duplicate dropped"
-                );
-                self.counts.duplicates += 1;
-            }
-            Decision::Reject(rejection) => {
-                tracing::warn!(
-                    correlation_id = %processed.correlation_id,
-                    reason = %rejection.reason,
-                    detail = %rejection.detail,
-                    topic = msg.topic(),
-                    partition = msg.partition(),
-                    offset = msg.offset(),
-                    "record dead-lettered"
-                );
-                let headers = copy_headers(msg, &self.correlation_header)
-                    .insert(header(&self.correlation_header, &processed.correlation_id))
-                    .insert(header(REASON_HEADER, rejection.reason.as_str()))
-                    .insert(header(DETAIL_HEADER, &rejection.detail))
-                    .insert(header(SOURCE_TOPIC_HEADER, msg.topic()))
-                    .insert(header(SOURCE_PARTITION_HEADER, &msg.partition().to_string()))
-                    .insert(header(SOURCE_OFFSET_HEADER, &msg.offset().to_string()));
-                producer
-                    .send(Outgoing {
-                        topic: &self.dead_letter_topic,
-                        partition: None,
-                        key: msg.key(),
-                        payload: msg.payload(),
-                        headers,
-                    })
-                    .map_err(ProcessError::Kafka)?;
-                *self.counts.dead_lettered.entry(rejection.reason).or_default() += 1;
-            }
-        }
-        for change in self.store.take_changes() {
-            producer
-                .send(Outgoing {
-                    topic: &self.changelogs[change.store],
-                    partition: Some(self.partition),
-                    key: Some(&change.key),
-                    payload: change.value.as_deref(),
-                    headers: OwnedHeaders::new(),
-                })
-                .map_err(ProcessError::Kafka)?;
         }
         self.next_offset = Some(msg.offset() + 1);
         Ok(())
@@ -187,26 +241,102 @@ impl Task {
 
     /// After the Kafka commit: applies the overlay with the delivered changelog offsets and
     /// hands back the transaction's counts.
-    pub fn committed(&mut self, delivered: &HashMap<(String, i32), i64>) -> Result<Counts, EngineError> {
-        let offsets: Vec<(usize, i64)> = self
-            .changelogs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, topic)| delivered.get(&(topic.clone(), self.partition)).map(|&o| (i, o)))
-            .collect();
-        self.store
-            .commit(&offsets)
-            .map_err(|e| EngineError::Fatal(anyhow::Error::new(e).context("store write after a committed transaction")))?;
+    pub fn committed(
+        &mut self,
+        delivered: &HashMap<(String, i32), i64>,
+    ) -> Result<Counts, EngineError> {
+        if let Work::Process {
+            store, changelogs, ..
+        } = &mut self.work
+        {
+            let offsets: Vec<(usize, i64)> = changelogs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, topic)| {
+                    delivered
+                        .get(&(topic.clone(), self.partition))
+                        .map(|&o| (i, o))
+                })
+                .collect();
+            store.commit(&offsets).map_err(|e| {
+                EngineError::Fatal(
+                    anyhow::Error::new(e).context("store write after a committed transaction"),
+                )
+            })?;
+        }
         self.next_offset = None;
         Ok(std::mem::take(&mut self.counts))
     }
 
     /// After an abort: forgets the transaction's writes, position and counts.
     pub fn aborted(&mut self) {
-        self.store.abort();
+        if let Work::Process { store, .. } = &mut self.work {
+            store.abort();
+        }
         self.next_offset = None;
         self.counts = Counts::default();
     }
+}
+
+/// Sends a rejected record (no-op for other decisions), with its original bytes and headers, to the dead-letter topic.
+fn dead_letter(
+    topic: &str,
+    correlation_header: &str,
+    counts: &mut Counts,
+    msg: &BorrowedMessage<'_>,
+    processed: &Processed,
+    producer: &mut TxnProducer,
+) -> Result<(), ProcessError> {
+    let Decision::Reject(Rejection { reason, detail }) = &processed.decision else {
+        return Ok(());
+    };
+    // A record that came through a repartition topic carries its source's place already.
+    let (src_topic, src_partition, src_offset) = match (
+        header_text(msg, SOURCE_TOPIC_HEADER),
+        header_text(msg, SOURCE_PARTITION_HEADER),
+        header_text(msg, SOURCE_OFFSET_HEADER),
+    ) {
+        (Some(t), Some(p), Some(o)) => (t.to_string(), p.to_string(), o.to_string()),
+        _ => (
+            msg.topic().to_string(),
+            msg.partition().to_string(),
+            msg.offset().to_string(),
+        ),
+    };
+    tracing::warn!(
+        correlation_id = %processed.correlation_id,
+        reason = %reason,
+        detail = %detail,
+        topic = %src_topic,
+        partition = %src_partition,
+        offset = %src_offset,
+        "record dead-lettered"
+    );
+    let headers = copy_headers(msg, correlation_header)
+        .insert(header(correlation_header, &processed.correlation_id))
+        .insert(header(REASON_HEADER, reason.as_str()))
+        .insert(header(DETAIL_HEADER, detail))
+        .insert(header(SOURCE_TOPIC_HEADER, &src_topic))
+        .insert(header(SOURCE_PARTITION_HEADER, &src_partition))
+        .insert(header(SOURCE_OFFSET_HEADER, &src_offset));
+    producer
+        .send(Outgoing {
+            topic,
+            partition: None,
+            key: msg.key(),
+            payload: msg.payload(),
+            headers,
+        })
+        .map_err(ProcessError::Kafka)?;
+    *counts.dead_lettered.entry(*reason).or_default() += 1;
+    Ok(())
+}
+
+fn header_text<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
+    msg.headers()?
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| std::str::from_utf8(h.value?).ok())
 }
 
 fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
@@ -216,12 +346,12 @@ fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
     }
 }
 
-/// The input's headers, minus the ones tally sets itself.
-fn copy_headers(msg: &BorrowedMessage<'_>, correlation_header: &str) -> OwnedHeaders {
+/// The input's headers, minus the ones tally sets itself (`skip` and `tally.*`).
+fn copy_headers(msg: &BorrowedMessage<'_>, skip: &str) -> OwnedHeaders {
     let mut out = OwnedHeaders::new();
     if let Some(hs) = msg.headers() {
         for h in hs.iter() {
-            if h.key != correlation_header && !h.key.starts_with("tally.") {
+            if h.key != skip && !h.key.starts_with("tally.") {
                 out = out.insert(Header {
                     key: h.key,
                     value: h.value,

@@ -50,7 +50,10 @@ mod tests {
     fn header_wins_then_field_then_derived() {
         let doc = json!({"correlation_id": "from-field"});
         let doc = doc.as_object();
-        assert_eq!(resolve(&spec(), Some("from-header"), doc, "k"), "from-header");
+        assert_eq!(
+            resolve(&spec(), Some("from-header"), doc, "k"),
+            "from-header"
+        );
         assert_eq!(resolve(&spec(), None, doc, "k"), "from-field");
         assert_eq!(resolve(&spec(), Some(""), None, "k"), derive("k"));
     }

@@ -76,20 +76,38 @@ mod tests {
     #[test]
     fn first_passes_repeats_are_duplicates_until_retention_passes() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let mut s =
+            TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let day = Duration::from_secs(86_400);
-        assert_eq!(admit(&mut s, 0, "PAY-1:PAID", 1_000, day).expect("ok"), Admission::First);
-        assert_eq!(admit(&mut s, 0, "PAY-1:PAID", 2_000, day).expect("ok"), Admission::Duplicate);
-        assert_eq!(admit(&mut s, 0, "PAY-1:SHIPPED", 2_000, day).expect("ok"), Admission::First);
+        assert_eq!(
+            admit(&mut s, 0, "PAY-1:PAID", 1_000, day).expect("ok"),
+            Admission::First
+        );
+        assert_eq!(
+            admit(&mut s, 0, "PAY-1:PAID", 2_000, day).expect("ok"),
+            Admission::Duplicate
+        );
+        assert_eq!(
+            admit(&mut s, 0, "PAY-1:SHIPPED", 2_000, day).expect("ok"),
+            Admission::First
+        );
         let later = 1_000 + 86_400_000;
-        assert_eq!(admit(&mut s, 0, "PAY-1:PAID", later, day).expect("ok"), Admission::First);
-        assert_eq!(s.take_changes().len(), 3, "every accepted key is changelogged");
+        assert_eq!(
+            admit(&mut s, 0, "PAY-1:PAID", later, day).expect("ok"),
+            Admission::First
+        );
+        assert_eq!(
+            s.take_changes().len(),
+            3,
+            "every accepted key is changelogged"
+        );
     }
 
     #[test]
     fn a_corrupt_entry_is_an_error_not_a_guess() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let mut s =
+            TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         s.put(0, b"k", vec![42, 0]);
         assert!(matches!(
             admit(&mut s, 0, "k", 0, Duration::from_secs(1)),

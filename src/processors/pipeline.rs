@@ -5,7 +5,7 @@ use super::dedup::{self, Admission, DedupError};
 use super::rejection::{Reason, Rejection};
 use crate::store::TaskStore;
 use crate::topology::template::RenderError;
-use crate::topology::{Pipeline, Strategy};
+use crate::topology::{KeyTemplate, Pipeline, Strategy};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -73,7 +73,11 @@ impl PipelineProcessor {
     }
 
     /// Decides one record, writing dedup state into the task's open transaction.
-    pub fn process(&self, input: &Input<'_>, store: &mut TaskStore) -> Result<Processed, DedupError> {
+    pub fn process(
+        &self,
+        input: &Input<'_>,
+        store: &mut TaskStore,
+    ) -> Result<Processed, DedupError> {
         let doc = match self.decode(input.payload) {
             Ok(doc) => doc,
             Err(rejection) => return Ok(self.rejected(input, None, rejection)),
@@ -82,13 +86,19 @@ impl PipelineProcessor {
             Ok(k) => k,
             Err(e) => return Ok(self.rejected(input, Some(&doc), key_rejection(e, "key"))),
         };
-        let correlation_id =
-            correlation::resolve(&self.pipeline.correlation, input.correlation_header, Some(&doc), &key);
+        let correlation_id = correlation::resolve(
+            &self.pipeline.correlation,
+            input.correlation_header,
+            Some(&doc),
+            &key,
+        );
         let event_type = doc.get("event_type").and_then(Value::as_str);
         let Some(route) = self.pipeline.route_for(event_type) else {
             let detail = match event_type {
                 Some(t) => format!("no route matches event_type `{t}`"),
-                None => "the record has no string `event_type` and every route needs one".to_string(),
+                None => {
+                    "the record has no string `event_type` and every route needs one".to_string()
+                }
             };
             return Ok(Processed {
                 decision: Decision::Reject(Rejection::new(Reason::NoRoute, detail)),
@@ -126,28 +136,61 @@ impl PipelineProcessor {
         })
     }
 
+    /// For a repartition stage: the record's new message key, or its rejection.
+    pub fn rekey(&self, template: &KeyTemplate, input: &Input<'_>) -> Result<String, Processed> {
+        let doc = self
+            .decode(input.payload)
+            .map_err(|r| self.rejected(input, None, r))?;
+        template
+            .render(&doc)
+            .map_err(|e| self.rejected(input, Some(&doc), key_rejection(e, "repartition key")))
+    }
+
     fn decode(&self, payload: Option<&[u8]>) -> Result<Map<String, Value>, Rejection> {
         let Some(bytes) = payload else {
-            return Err(Rejection::new(Reason::InvalidJson, "the record has no value"));
+            return Err(Rejection::new(
+                Reason::InvalidJson,
+                "the record has no value",
+            ));
         };
         if bytes.len() > self.max_record_bytes {
             return Err(Rejection::new(
                 Reason::Oversize,
-                format!("{} bytes exceeds max_record_bytes {}", bytes.len(), self.max_record_bytes),
+                format!(
+                    "{} bytes exceeds max_record_bytes {}",
+                    bytes.len(),
+                    self.max_record_bytes
+                ),
             ));
         }
         match serde_json::from_slice::<Value>(bytes) {
             Ok(Value::Object(map)) => Ok(map),
-            Ok(_) => Err(Rejection::new(Reason::NotAnObject, "the value is JSON but not an object")),
-            Err(e) => Err(Rejection::new(Reason::InvalidJson, format!("not valid JSON: {e}"))),
+            Ok(_) => Err(Rejection::new(
+                Reason::NotAnObject,
+                "the value is JSON but not an object",
+            )),
+            Err(e) => Err(Rejection::new(
+                Reason::InvalidJson,
+                format!("not valid JSON: {e}"),
+            )),
         }
     }
 
-    fn rejected(&self, input: &Input<'_>, doc: Option<&Map<String, Value>>, rejection: Rejection) -> Processed {
+    fn rejected(
+        &self,
+        input: &Input<'_>,
+        doc: Option<&Map<String, Value>>,
+        rejection: Rejection,
+    ) -> Processed {
         let (topic, partition, offset) = input.coordinates;
         let seed = format!("{topic}/{partition}/{offset}");
         Processed {
-            correlation_id: correlation::resolve(&self.pipeline.correlation, input.correlation_header, doc, &seed),
+            correlation_id: correlation::resolve(
+                &self.pipeline.correlation,
+                input.correlation_header,
+                doc,
+                &seed,
+            ),
             decision: Decision::Reject(rejection),
         }
     }
@@ -188,7 +231,11 @@ dead_letter: { topic: dlq }
         let p = Arc::new(t.pipelines[0].clone());
         let tmp = tempfile::tempdir().expect("tempdir");
         let s = TaskStore::open(tmp.path(), &["d".into()], &StoreEnv::default()).expect("opens");
-        (PipelineProcessor::new(p, t.processing.max_record_bytes, 0), s, tmp)
+        (
+            PipelineProcessor::new(p, t.processing.max_record_bytes, 0),
+            s,
+            tmp,
+        )
     }
 
     fn run(p: &PipelineProcessor, s: &mut TaskStore, payload: &[u8]) -> Processed {
@@ -211,29 +258,107 @@ dead_letter: { topic: dlq }
     #[test]
     fn business_key_decides_not_the_message() {
         let (p, mut s, _tmp) = setup();
-        let first = run(&p, &mut s, br#"{"event_type":"payment.completed","payment_id":"P1","status":"PAID"}"#);
+        let first = run(
+            &p,
+            &mut s,
+            br#"{"event_type":"payment.completed","payment_id":"P1","status":"PAID"}"#,
+        );
         assert_eq!(
             first.decision,
-            Decision::Emit { idempotency_key: "P1:PAID".into(), output_key: "P1".into() }
+            Decision::Emit {
+                idempotency_key: "P1:PAID".into(),
+                output_key: "P1".into()
+            }
         );
-        let again = run(&p, &mut s, br#"{"status":"PAID","payment_id":"P1","event_type":"payment.retried","extra":1}"#);
-        assert_eq!(again.decision, Decision::Duplicate { idempotency_key: "P1:PAID".into() });
-        assert_eq!(first.correlation_id, again.correlation_id, "derived from the business key");
+        let again = run(
+            &p,
+            &mut s,
+            br#"{"status":"PAID","payment_id":"P1","event_type":"payment.retried","extra":1}"#,
+        );
+        assert_eq!(
+            again.decision,
+            Decision::Duplicate {
+                idempotency_key: "P1:PAID".into()
+            }
+        );
+        assert_eq!(
+            first.correlation_id, again.correlation_id,
+            "derived from the business key"
+        );
     }
 
     #[test]
     fn every_kind_of_bad_record_is_rejected_with_its_reason() {
         let (p, mut s, _tmp) = setup();
-        let big = format!(r#"{{"event_type":"payment.x","payment_id":"P","status":"S","pad":"{}"}}"#, "x".repeat(300));
-        assert_eq!(reason(&run(&p, &mut s, big.as_bytes())), Some(Reason::Oversize));
-        assert_eq!(reason(&run(&p, &mut s, b"{not json")), Some(Reason::InvalidJson));
-        assert_eq!(reason(&run(&p, &mut s, b"[1,2]")), Some(Reason::NotAnObject));
-        assert_eq!(reason(&run(&p, &mut s, br#"{"event_type":"payment.x","payment_id":"P"}"#)), Some(Reason::MissingKeyField));
+        let big = format!(
+            r#"{{"event_type":"payment.x","payment_id":"P","status":"S","pad":"{}"}}"#,
+            "x".repeat(300)
+        );
         assert_eq!(
-            reason(&run(&p, &mut s, br#"{"event_type":"payment.x","payment_id":{"a":1},"status":"S"}"#)),
+            reason(&run(&p, &mut s, big.as_bytes())),
+            Some(Reason::Oversize)
+        );
+        assert_eq!(
+            reason(&run(&p, &mut s, b"{not json")),
+            Some(Reason::InvalidJson)
+        );
+        assert_eq!(
+            reason(&run(&p, &mut s, b"[1,2]")),
+            Some(Reason::NotAnObject)
+        );
+        assert_eq!(
+            reason(&run(
+                &p,
+                &mut s,
+                br#"{"event_type":"payment.x","payment_id":"P"}"#
+            )),
+            Some(Reason::MissingKeyField)
+        );
+        assert_eq!(
+            reason(&run(
+                &p,
+                &mut s,
+                br#"{"event_type":"payment.x","payment_id":{"a":1},"status":"S"}"#
+            )),
             Some(Reason::NonScalarKeyField)
         );
-        assert_eq!(reason(&run(&p, &mut s, br#"{"event_type":"order.x","payment_id":"P","status":"S"}"#)), Some(Reason::NoRoute));
-        assert!(s.take_changes().is_empty(), "rejected records leave no dedup state");
+        assert_eq!(
+            reason(&run(
+                &p,
+                &mut s,
+                br#"{"event_type":"order.x","payment_id":"P","status":"S"}"#
+            )),
+            Some(Reason::NoRoute)
+        );
+        assert!(
+            s.take_changes().is_empty(),
+            "rejected records leave no dedup state"
+        );
+    }
+
+    #[test]
+    fn rekey_renders_the_repartition_key_or_rejects() {
+        let (p, _s, _tmp) = setup();
+        let t: KeyTemplate = "{payment_id}".parse().expect("valid");
+        let input = |payload: &'static [u8]| Input {
+            payload: Some(payload),
+            correlation_header: None,
+            coordinates: ("in", 1, 2),
+            now_ms: 0,
+        };
+        assert_eq!(
+            p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)),
+            Ok("P9".to_string())
+        );
+        let rejected = p
+            .rekey(&t, &input(br#"{"status":"PAID"}"#))
+            .expect_err("no payment_id");
+        assert!(matches!(
+            rejected.decision,
+            Decision::Reject(Rejection {
+                reason: Reason::MissingKeyField,
+                ..
+            })
+        ));
     }
 }

@@ -26,7 +26,10 @@ pub enum CodecError {
 /// Encodes a value with the current format byte.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_BINCODE_V1];
-    out.extend(bincode::serde::encode_to_vec(value, bincode::config::standard())?);
+    out.extend(bincode::serde::encode_to_vec(
+        value,
+        bincode::config::standard(),
+    )?);
     Ok(out)
 }
 
@@ -55,7 +58,10 @@ mod tests {
 
     #[test]
     fn round_trips_with_a_leading_format_byte() {
-        let v = Sample { first_seen_ms: 1_700_000_000_000, note: "x".into() };
+        let v = Sample {
+            first_seen_ms: 1_700_000_000_000,
+            note: "x".into(),
+        };
         let bytes = encode(&v).expect("encodes");
         assert_eq!(bytes[0], FORMAT_BINCODE_V1);
         assert_eq!(decode::<Sample>(&bytes).expect("decodes"), v);
@@ -64,8 +70,18 @@ mod tests {
     #[test]
     fn unknown_format_empty_and_truncated_values_are_errors() {
         assert!(matches!(decode::<Sample>(&[]), Err(CodecError::Empty)));
-        assert!(matches!(decode::<Sample>(&[9, 1, 2]), Err(CodecError::UnknownFormat(9))));
-        let bytes = encode(&Sample { first_seen_ms: 5, note: "long note".into() }).expect("encodes");
-        assert!(matches!(decode::<Sample>(&bytes[..4]), Err(CodecError::Decode(_))));
+        assert!(matches!(
+            decode::<Sample>(&[9, 1, 2]),
+            Err(CodecError::UnknownFormat(9))
+        ));
+        let bytes = encode(&Sample {
+            first_seen_ms: 5,
+            note: "long note".into(),
+        })
+        .expect("encodes");
+        assert!(matches!(
+            decode::<Sample>(&bytes[..4]),
+            Err(CodecError::Decode(_))
+        ));
     }
 }

@@ -31,7 +31,9 @@ pub enum StoreError {
         source: rocksdb::Error,
     },
     /// The task directory cannot be created.
-    #[error("state directory {path} cannot be created: {source}; set `state.dir` to a writable path")]
+    #[error(
+        "state directory {path} cannot be created: {source}; set `state.dir` to a writable path"
+    )]
     Io {
         /// Task directory.
         path: PathBuf,
@@ -69,10 +71,11 @@ impl TaskStore {
             .chain([META_CF])
             .map(|n| ColumnFamilyDescriptor::new(n, env.db_options()))
             .collect::<Vec<_>>();
-        let db = DB::open_cf_descriptors(&opts, dir, families).map_err(|source| StoreError::Rocks {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        let db =
+            DB::open_cf_descriptors(&opts, dir, families).map_err(|source| StoreError::Rocks {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         Ok(Self {
             db,
             dir: dir.to_path_buf(),
@@ -205,7 +208,10 @@ impl TaskStore {
     pub fn wipe(&mut self, store: usize) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
         let mut batch = WriteBatch::default();
-        for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
+        for item in self
+            .db
+            .iterator_cf(cf, IteratorMode::From(&[], Direction::Forward))
+        {
             let (key, _) = item.map_err(|e| self.rocks(e))?;
             batch.delete_cf(cf, key);
         }
@@ -230,7 +236,11 @@ impl TaskStore {
                 None => batch.delete_cf(cf, key),
             }
         }
-        batch.put_cf(self.cf(META_CF)?, offset_key(&self.names[store]), last_offset.to_be_bytes());
+        batch.put_cf(
+            self.cf(META_CF)?,
+            offset_key(&self.names[store]),
+            last_offset.to_be_bytes(),
+        );
         self.db.write(batch).map_err(|e| self.rocks(e))
     }
 
@@ -268,7 +278,11 @@ mod tests {
             assert_eq!(s.take_changes().len(), 1);
         }
         let s = open(tmp.path());
-        assert_eq!(s.get(0, b"k1").expect("reads"), None, "overlay never reached disk");
+        assert_eq!(
+            s.get(0, b"k1").expect("reads"),
+            None,
+            "overlay never reached disk"
+        );
         assert_eq!(s.changelog_offset(0).expect("reads"), None);
     }
 
@@ -281,10 +295,17 @@ mod tests {
             s.commit(&[(0, 41)]).expect("commits");
             s.put(0, b"b", vec![2]);
             s.delete(0, b"a");
-            assert_eq!(s.get(0, b"a").expect("reads"), None, "delete visible in overlay");
+            assert_eq!(
+                s.get(0, b"a").expect("reads"),
+                None,
+                "delete visible in overlay"
+            );
             s.abort();
             assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
-            assert!(s.take_changes().is_empty(), "abort drops queued changelog records");
+            assert!(
+                s.take_changes().is_empty(),
+                "abort drops queued changelog records"
+            );
         }
         let s = open(tmp.path());
         assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
@@ -296,7 +317,11 @@ mod tests {
     fn restore_applies_records_and_wipe_clears_everything() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = open(tmp.path());
-        let records = vec![(b"x".to_vec(), Some(vec![7])), (b"y".to_vec(), Some(vec![8])), (b"x".to_vec(), None)];
+        let records = vec![
+            (b"x".to_vec(), Some(vec![7])),
+            (b"y".to_vec(), Some(vec![8])),
+            (b"x".to_vec(), None),
+        ];
         s.apply_restored(0, &records, 99).expect("applies");
         assert_eq!(s.count_keys(0).expect("counts"), 1);
         assert_eq!(s.changelog_offset(0).expect("reads"), Some(99));

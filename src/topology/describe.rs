@@ -19,6 +19,13 @@ pub fn describe(t: &Topology) -> String {
     for p in &t.pipelines {
         let _ = writeln!(s, "\npipeline {}", p.name);
         let _ = writeln!(s, "  source  {} (topic {}, json)", p.source, p.input_topic);
+        if let Some(r) = &p.repartition {
+            let _ = writeln!(
+                s,
+                "    → repartition by {} through topic {}",
+                r.key, r.topic
+            );
+        }
         let _ = writeln!(s, "    → key      {}", p.key);
         let correlation = match (&p.correlation.header, &p.correlation.field) {
             (Some(h), Some(f)) => format!("header `{h}`, else field `{f}`, else derived"),

@@ -71,10 +71,32 @@ pub struct Pipeline {
     pub key: KeyTemplate,
     /// Where the correlation id is read from.
     pub correlation: CorrelationSpec,
+    /// Re-keying through an internal topic before the strategies run.
+    pub repartition: Option<Repartition>,
     /// Strategy per event type, first match wins.
     pub routes: Vec<Route>,
     /// Output topic and key.
     pub output: Output,
+}
+
+/// A repartition step: records are re-keyed by `key` and written to `topic`, whose partitions
+/// the stateful part of the pipeline reads, so duplicates sent with different message keys meet
+/// in one task.
+#[derive(Debug, Clone)]
+pub struct Repartition {
+    /// The new message key.
+    pub key: KeyTemplate,
+    /// The internal topic `<application_id>-<pipeline>-repartition`.
+    pub topic: String,
+}
+
+/// Which part of a pipeline a consumed topic feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The source of a repartitioning pipeline: records are only re-keyed and forwarded.
+    Repartition,
+    /// The input of the stateful part (the source, or the repartition topic).
+    Process,
 }
 
 /// Where a record's correlation id is found; derived when absent.
@@ -117,6 +139,13 @@ pub struct Output {
 }
 
 impl Pipeline {
+    /// The topic the stateful part reads: the repartition topic or the source.
+    pub fn process_topic(&self) -> &str {
+        self.repartition
+            .as_ref()
+            .map_or(&self.input_topic, |r| &r.topic)
+    }
+
     /// Name of the dedup store (a RocksDB column family and a changelog).
     pub fn dedup_store(&self) -> String {
         format!("{}-dedup", self.name)
@@ -138,11 +167,28 @@ impl Topology {
         format!("{}-{}-changelog", self.application_id, store)
     }
 
-    /// The pipeline reading a topic.
-    pub fn pipeline_for_topic(&self, topic: &str) -> Option<(usize, &Pipeline)> {
-        self.pipelines
-            .iter()
-            .enumerate()
-            .find(|(_, p)| p.input_topic == topic)
+    /// The pipeline a consumed topic belongs to, and the stage it feeds.
+    pub fn stage_for_topic(&self, topic: &str) -> Option<(&Pipeline, Stage)> {
+        self.pipelines.iter().find_map(|p| {
+            if p.process_topic() == topic {
+                Some((p, Stage::Process))
+            } else if p.input_topic == topic {
+                Some((p, Stage::Repartition))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Every topic the stream threads subscribe to.
+    pub fn consumed_topics(&self) -> Vec<&str> {
+        let mut topics = Vec::new();
+        for p in &self.pipelines {
+            topics.push(p.input_topic.as_str());
+            if let Some(r) = &p.repartition {
+                topics.push(r.topic.as_str());
+            }
+        }
+        topics
     }
 }

@@ -131,7 +131,11 @@ fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value>
         .try_fold(doc.get(first)?, |value, segment| value.get(segment))
 }
 
-fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Result<(), RenderError> {
+fn append_scalar(
+    out: &mut String,
+    value: Option<&Value>,
+    path: &[String],
+) -> Result<(), RenderError> {
     match value {
         None | Some(Value::Null) => Err(RenderError::Missing(path.join("."))),
         Some(Value::String(s)) => {
@@ -167,7 +171,9 @@ mod tests {
         let t: KeyTemplate = "{payment_id}:{status}".parse().expect("valid template");
         let d = doc(json!({"payment_id": "PAY-1", "status": "PAID", "amount": 12.5}));
         assert_eq!(t.render(&d), Ok("PAY-1:PAID".to_string()));
-        let v: KeyTemplate = "{entity_type}:{entity_id}:v{version}".parse().expect("valid");
+        let v: KeyTemplate = "{entity_type}:{entity_id}:v{version}"
+            .parse()
+            .expect("valid");
         let d = doc(json!({"entity_type": "customer", "entity_id": "C-1", "version": 17}));
         assert_eq!(v.render(&d), Ok("customer:C-1:v17".to_string()));
     }
@@ -200,7 +206,10 @@ mod tests {
     #[test]
     fn malformed_templates_are_rejected() {
         assert_eq!("{a".parse::<KeyTemplate>(), Err(TemplateError::Unclosed(0)));
-        assert_eq!("a}".parse::<KeyTemplate>(), Err(TemplateError::StrayClose(1)));
+        assert_eq!(
+            "a}".parse::<KeyTemplate>(),
+            Err(TemplateError::StrayClose(1))
+        );
         assert_eq!(
             "{a.}".parse::<KeyTemplate>(),
             Err(TemplateError::EmptyField("a.".into()))

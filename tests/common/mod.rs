@@ -29,7 +29,10 @@ pub struct Names {
 
 impl Names {
     pub fn new(test: &str) -> Self {
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let id = format!("{test}-{}-{}", std::process::id(), nanos % 1_000_000_000);
         Self {
             app: format!("app-{id}"),
@@ -54,7 +57,10 @@ pub fn create_topics(topics: &[(&str, i32)]) {
         .iter()
         .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
         .collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let results = rt
         .block_on(admin.create_topics(&new, &AdminOptions::new()))
         .expect("create topics");
@@ -65,22 +71,42 @@ pub fn create_topics(topics: &[(&str, i32)]) {
 
 /// Writes records to `topic` and waits until all are acknowledged.
 pub fn produce(topic: &str, records: &[GeneratedRecord]) {
+    produce_paced(topic, records, records.len().max(1), Duration::ZERO);
+}
+
+/// Writes records in chunks of `chunk`, pausing `pause` after each, so a run sees input arrive
+/// while it processes.
+pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pause: Duration) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("linger.ms", "20")
         .set("message.max.bytes", "10000000")
         .create()
         .expect("producer");
-    for r in records {
-        let headers = r
-            .headers
-            .iter()
-            .fold(OwnedHeaders::new(), |h, (k, v)| h.insert(Header { key: k, value: Some(v) }));
-        let mut rec = BaseRecord::to(topic).key(&r.key).payload(&r.payload).headers(headers);
+    for (i, r) in records.iter().enumerate() {
+        if i > 0 && i % chunk == 0 {
+            producer
+                .flush(Duration::from_secs(60))
+                .expect("flush chunk");
+            std::thread::sleep(pause);
+        }
+        let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+            h.insert(Header {
+                key: k,
+                value: Some(v),
+            })
+        });
+        let mut rec = BaseRecord::to(topic)
+            .key(&r.key)
+            .payload(&r.payload)
+            .headers(headers);
         loop {
             match producer.send(rec) {
                 Ok(()) => break,
-                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                Err((
+                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    back,
+                )) => {
                     rec = back;
                     producer.poll(Duration::from_millis(20));
                 }
@@ -88,7 +114,9 @@ pub fn produce(topic: &str, records: &[GeneratedRecord]) {
             }
         }
     }
-    producer.flush(Duration::from_secs(60)).expect("flush input");
+    producer
+        .flush(Duration::from_secs(60))
+        .expect("flush input");
 }
 
 /// Reads every committed record of `topic` (read_committed) until at least `min` arrived and
@@ -105,10 +133,15 @@ pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMe
     let md = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
-    let partitions = md.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
+    let partitions = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
     }
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + timeout;
@@ -146,12 +179,32 @@ pub fn header(m: &OwnedMessage, key: &str) -> Option<String> {
 
 /// The `{payment_id}:{status}` of an output record, computed by the test from the payload.
 pub fn business_key(m: &OwnedMessage) -> String {
-    let v: serde_json::Value = serde_json::from_slice(m.payload().expect("payload")).expect("json output");
-    format!("{}:{}", v["payment_id"].as_str().expect("payment_id"), v["status"].as_str().expect("status"))
+    let v: serde_json::Value =
+        serde_json::from_slice(m.payload().expect("payload")).expect("json output");
+    format!(
+        "{}:{}",
+        v["payment_id"].as_str().expect("payment_id"),
+        v["status"].as_str().expect("status")
+    )
 }
 
-/// Writes the payments topology for `names` into `dir`.
+/// Writes the payments topology for `names` into `dir`, with a repartition step by payment id.
 pub fn write_topology(dir: &Path, names: &Names, max_record_bytes: usize) -> PathBuf {
+    write_topology_with(dir, names, max_record_bytes, true)
+}
+
+/// Writes the payments topology, with or without its repartition step.
+pub fn write_topology_with(
+    dir: &Path,
+    names: &Names,
+    max_record_bytes: usize,
+    repartition: bool,
+) -> PathBuf {
+    let repartition = if repartition {
+        r#"repartition: { key: "{payment_id}" }"#
+    } else {
+        ""
+    };
     let yaml = format!(
         r#"
 application_id: {app}
@@ -167,6 +220,7 @@ sources:
 pipelines:
   - name: payments
     from: payments
+    {repartition}
     key: "{{payment_id}}:{{status}}"
     routes:
       - when: {{ event_type: "payment.*" }}
@@ -216,15 +270,25 @@ impl Tally {
     /// SIGTERM and wait for a clean exit; returns the log lines.
     pub fn stop(mut self) -> Vec<serde_json::Value> {
         let pid = self.child.id().to_string();
-        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
         assert!(ok.success());
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                assert!(status.success(), "tally exited with {status}; log: {}", self.log.display());
+                assert!(
+                    status.success(),
+                    "tally exited with {status}; log: {}",
+                    self.log.display()
+                );
                 break;
             }
-            assert!(Instant::now() < deadline, "tally did not stop within 60 s after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "tally did not stop within 60 s after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         self.lines()
