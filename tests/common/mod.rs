@@ -321,14 +321,53 @@ pub fn events<'a>(lines: &'a [serde_json::Value], msg: &str) -> Vec<&'a serde_js
     lines.iter().filter(|l| l["message"] == msg).collect()
 }
 
-/// Polls `topic` until at least `n` committed records are there or `timeout` passes.
-pub fn wait_for_count(topic: &str, n: usize, timeout: Duration) -> usize {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let got = read_committed(topic, 0, Duration::from_secs(10)).len();
-        if got >= n || Instant::now() >= deadline {
-            return got;
+/// Counts committed records of a topic as they arrive, with one long-lived consumer.
+pub struct Watcher {
+    consumer: BaseConsumer,
+    seen: usize,
+}
+
+impl Watcher {
+    /// Starts reading `topic` (read_committed) from the beginning of every partition.
+    pub fn new(topic: &str) -> Self {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap())
+            .set("group.id", "tally-test-watcher")
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let partitions = md
+            .topics()
+            .first()
+            .map(|t| t.partitions().len())
+            .unwrap_or(0);
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions as i32 {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .expect("tpl");
         }
-        std::thread::sleep(Duration::from_millis(500));
+        consumer.assign(&tpl).expect("assign");
+        Self { consumer, seen: 0 }
     }
+
+    /// Reads until at least `n` records were seen or `timeout` passes; returns the count.
+    pub fn wait_for(&mut self, n: usize, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        while self.seen < n && Instant::now() < deadline {
+            if let Some(m) = self.consumer.poll(Duration::from_millis(100)) {
+                m.expect("read");
+                self.seen += 1;
+            }
+        }
+        self.seen
+    }
+}
+
+/// Waits until `topic` holds at least `n` committed records or `timeout` passes.
+pub fn wait_for_count(topic: &str, n: usize, timeout: Duration) -> usize {
+    Watcher::new(topic).wait_for(n, timeout)
 }
