@@ -15,6 +15,8 @@ pub struct Metrics {
     pub records_out: IntCounterVec,
     /// Records dropped as duplicates, per pipeline.
     pub duplicates: IntCounterVec,
+    /// Records dropped as stale versions, per pipeline.
+    pub stale: IntCounterVec,
     /// Records sent to the dead-letter topic, per pipeline and reason.
     pub dead_lettered: IntCounterVec,
     /// Committed transactions.
@@ -38,6 +40,8 @@ pub struct Totals {
     pub records_out: u64,
     /// Duplicates dropped.
     pub duplicates: u64,
+    /// Stale versions dropped.
+    pub stale: u64,
     /// Dead-lettered records by reason.
     pub dead_lettered: BTreeMap<&'static str, u64>,
 }
@@ -80,6 +84,11 @@ impl Metrics {
             "Records dropped as duplicates",
             &["pipeline"],
         )?;
+        let stale = counter_vec(
+            "stale_total",
+            "Records dropped as stale versions",
+            &["pipeline"],
+        )?;
         let dead_lettered = counter_vec(
             "dead_lettered_total",
             "Records sent to the dead-letter topic",
@@ -116,6 +125,7 @@ impl Metrics {
             records_repartitioned,
             records_out,
             duplicates,
+            stale,
             dead_lettered,
             transactions_committed,
             transactions_aborted,
@@ -137,6 +147,7 @@ impl Metrics {
             t.records_in += self.records_in.with_label_values(&[p]).get();
             t.records_out += self.records_out.with_label_values(&[p]).get();
             t.duplicates += self.duplicates.with_label_values(&[p]).get();
+            t.stale += self.stale.with_label_values(&[p]).get();
             for r in Reason::ALL {
                 let n = self
                     .dead_lettered

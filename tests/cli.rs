@@ -75,7 +75,8 @@ dead_letter: { topic: dlq }
         (5, "threads"),
         (10, "nowhere"),
         (11, "never closed"),
-        (13, "overwrite"),
+        (13, "uses strategy `overwrite` but has no `entity`"),
+        (13, "uses strategy `overwrite` but has no `version`"),
         (15, "forever"),
     ] {
         let hit = err
@@ -86,7 +87,7 @@ dead_letter: { topic: dlq }
             "expected a problem on line {line} about `{needle}` in:\n{err}"
         );
     }
-    assert!(err.contains("8 problems"), "{err}");
+    assert!(err.contains("9 problems"), "{err}");
 }
 
 #[test]

@@ -44,6 +44,7 @@ fn log_totals(t: &Topology, totals: &Totals) {
         records_in = totals.records_in,
         records_out = totals.records_out,
         duplicates = totals.duplicates,
+        stale = totals.stale,
         dead_lettered = totals.dead_lettered_total(),
         dead_letter_reasons = %reasons.join(","),
         "tally stopped"

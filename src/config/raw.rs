@@ -111,6 +111,12 @@ pub struct RawRoute {
     pub when: Option<RawWhen>,
     pub strategy: Option<Text>,
     pub retention: Option<Text>,
+    pub entity: Option<Text>,
+    pub version: Option<Text>,
+    pub increment_id: Option<Text>,
+    pub into: Option<Text>,
+    pub emit: Option<Text>,
+    pub max_state_bytes: Option<Spanned<u64>>,
 }
 
 /// `when:` of a route.

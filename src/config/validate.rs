@@ -3,8 +3,8 @@
 use super::diagnostics::Collector;
 use super::raw::{RawPipeline, RawRoute, RawTopology, Text};
 use crate::topology::{
-    CorrelationSpec, KafkaSettings, KeyTemplate, Output, Pipeline, Processing, Repartition, Route,
-    Source, Strategy, Topology,
+    CorrelationSpec, KafkaSettings, KeyTemplate, MergeEmit, Output, Pipeline, Processing,
+    Repartition, Route, Source, Strategy, Topology,
 };
 use globset::Glob;
 use serde_saphyr::{Location, Spanned};
@@ -426,7 +426,7 @@ fn default_route() -> Route {
 }
 
 fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Route> {
-    let pattern = r.when.and_then(|w| w.event_type);
+    let pattern = r.when.as_ref().and_then(|w| w.event_type.clone());
     let matcher = match &pattern {
         None => Some(None),
         Some(p) => match Glob::new(&p.value) {
@@ -444,34 +444,18 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
             }
         },
     };
-    let retention = match r.retention {
-        None => Some(DEFAULT_RETENTION),
-        Some(t) => match humantime::parse_duration(&t.value) {
-            Ok(d) if !d.is_zero() => Some(d),
-            Ok(_) => {
-                c.at_loc(
-                    t.referenced,
-                    format!("{label}: `retention` must be longer than zero"),
-                );
-                None
-            }
-            Err(e) => {
-                c.at_loc(t.referenced, format!("{label}: `retention: {}` is not a duration ({e}); write e.g. `30d`, `12h`, `90s`", t.value));
-                None
-            }
-        },
-    };
-    let strategy = match r.strategy {
+    let strategy = match &r.strategy {
         None => {
-            c.at_loc(at, format!("{label} needs a `strategy` (`ignore`)"));
+            c.at_loc(
+                at,
+                format!("{label} needs a `strategy`: `ignore`, `overwrite` or `merge`"),
+            );
             None
         }
         Some(s) => match s.value.as_str() {
-            "ignore" => retention.map(|retention| Strategy::Ignore { retention }),
-            "overwrite" | "merge" => {
-                c.at_loc(s.referenced, format!("{label}: strategy `{}` is not available in this version of tally; use `ignore`", s.value));
-                None
-            }
+            "ignore" => ignore(c, &r, label),
+            "overwrite" => overwrite(c, &r, at, label),
+            "merge" => merge(c, &r, at, label),
             other => {
                 c.at_loc(s.referenced, format!("{label}: unknown strategy `{other}`; the strategies are `ignore`, `overwrite` and `merge`"));
                 None
@@ -483,6 +467,174 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
         matcher: matcher?,
         strategy: strategy?,
     })
+}
+
+/// Reports fields that the route's strategy does not use.
+fn unused(c: &mut Collector, label: &str, strategy: &str, fields: &[(&str, Option<Location>)]) {
+    for (name, at) in fields {
+        if let Some(loc) = at {
+            c.at_loc(
+                *loc,
+                format!("{label}: `{name}` has no meaning for strategy `{strategy}`; remove it"),
+            );
+        }
+    }
+}
+
+fn ignore(c: &mut Collector, r: &RawRoute, label: &str) -> Option<Strategy> {
+    unused(
+        c,
+        label,
+        "ignore",
+        &[
+            ("entity", r.entity.as_ref().map(|t| t.referenced)),
+            ("version", r.version.as_ref().map(|t| t.referenced)),
+            (
+                "increment_id",
+                r.increment_id.as_ref().map(|t| t.referenced),
+            ),
+            ("into", r.into.as_ref().map(|t| t.referenced)),
+            ("emit", r.emit.as_ref().map(|t| t.referenced)),
+            (
+                "max_state_bytes",
+                r.max_state_bytes.as_ref().map(|t| t.referenced),
+            ),
+        ],
+    );
+    let retention = match &r.retention {
+        None => DEFAULT_RETENTION,
+        Some(t) => match humantime::parse_duration(&t.value) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                c.at_loc(
+                    t.referenced,
+                    format!("{label}: `retention` must be longer than zero"),
+                );
+                return None;
+            }
+            Err(e) => {
+                c.at_loc(t.referenced, format!("{label}: `retention: {}` is not a duration ({e}); write e.g. `30d`, `12h`, `90s`", t.value));
+                return None;
+            }
+        },
+    };
+    Some(Strategy::Ignore { retention })
+}
+
+fn overwrite(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Option<Strategy> {
+    unused(
+        c,
+        label,
+        "overwrite",
+        &[
+            ("retention", r.retention.as_ref().map(|t| t.referenced)),
+            (
+                "increment_id",
+                r.increment_id.as_ref().map(|t| t.referenced),
+            ),
+            ("into", r.into.as_ref().map(|t| t.referenced)),
+            ("emit", r.emit.as_ref().map(|t| t.referenced)),
+            (
+                "max_state_bytes",
+                r.max_state_bytes.as_ref().map(|t| t.referenced),
+            ),
+        ],
+    );
+    let entity = route_template(
+        c,
+        &r.entity,
+        at,
+        label,
+        "overwrite",
+        "entity",
+        "\"{entity_type}:{entity_id}\"",
+    );
+    let version = route_template(
+        c,
+        &r.version,
+        at,
+        label,
+        "overwrite",
+        "version",
+        "\"{version}\"",
+    );
+    Some(Strategy::Overwrite {
+        entity: entity?,
+        version: version?,
+    })
+}
+
+fn merge(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Option<Strategy> {
+    unused(
+        c,
+        label,
+        "merge",
+        &[
+            ("retention", r.retention.as_ref().map(|t| t.referenced)),
+            ("version", r.version.as_ref().map(|t| t.referenced)),
+        ],
+    );
+    let entity = route_template(c, &r.entity, at, label, "merge", "entity", "\"{cart_id}\"");
+    let increment_id = route_template(
+        c,
+        &r.increment_id,
+        at,
+        label,
+        "merge",
+        "increment_id",
+        "\"{line_id}\"",
+    );
+    let emit = match r.emit.as_ref().map(|e| (e.value.as_str(), e.referenced)) {
+        None | Some(("state", _)) => Some(MergeEmit::State),
+        Some(("increment", _)) => Some(MergeEmit::Increment),
+        Some((other, loc)) => {
+            c.at_loc(
+                loc,
+                format!("{label}: `emit: {other}` is not known; use `state` or `increment`"),
+            );
+            None
+        }
+    };
+    let max_state_bytes = match &r.max_state_bytes {
+        None => 1024 * 1024,
+        Some(m) if m.value >= 64 => m.value as usize,
+        Some(m) => {
+            c.at_loc(
+                m.referenced,
+                format!("{label}: `max_state_bytes` is {}; use at least 64", m.value),
+            );
+            return None;
+        }
+    };
+    let into = r
+        .into
+        .as_ref()
+        .map_or_else(|| "increments".to_string(), |i| i.value.clone());
+    Some(Strategy::Merge {
+        entity: entity?,
+        increment_id: increment_id?,
+        into,
+        emit: emit?,
+        max_state_bytes,
+    })
+}
+
+fn route_template(
+    c: &mut Collector,
+    value: &Option<Text>,
+    at: Location,
+    label: &str,
+    strategy: &str,
+    field: &str,
+    example: &str,
+) -> Option<KeyTemplate> {
+    match value {
+        None => {
+            c.at_loc(at, format!("{label} uses strategy `{strategy}` but has no `{field}` template (e.g. {example})"));
+            None
+        }
+        Some(t) => template(c, t, label, field),
+    }
 }
 
 fn template(c: &mut Collector, t: &Text, label: &str, what: &str) -> Option<KeyTemplate> {

@@ -54,12 +54,13 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
     )?);
     // The mock has no CreateTopics API, so the internal topics tally would create are made here.
     for p in &topology.pipelines {
-        let changelog = topology.changelog_topic(&p.dedup_store());
-        let internal = std::iter::once(changelog.as_str())
-            .chain(p.repartition.as_ref().map(|r| r.topic.as_str()));
-        for topic in internal {
+        let changelogs = p
+            .store_names()
+            .into_iter()
+            .map(|s| topology.changelog_topic(&s));
+        for topic in changelogs.chain(p.repartition.as_ref().map(|r| r.topic.clone())) {
             cluster
-                .create_topic(topic, 3, 1)
+                .create_topic(&topic, 3, 1)
                 .with_context(|| format!("creating {topic} on the mock"))?;
         }
     }
@@ -113,7 +114,7 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         // Done when every input record is accounted for, after the repartition hop too.
         let done = |t: &Totals| {
             t.records_in == produced
-                && t.records_out + t.duplicates + t.dead_lettered_total() == produced
+                && t.records_out + t.duplicates + t.stale + t.dead_lettered_total() == produced
         };
         while !done(&metrics.totals(&names)) && Instant::now() < deadline && !engine.is_finished() {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -158,6 +159,7 @@ pub fn render(r: &DemoReport) -> String {
         t.records_out, r.unique_events
     ));
     s.push_str(&format!("  duplicates  {:>7}\n", t.duplicates));
+    s.push_str(&format!("  stale       {:>7}\n", t.stale));
     s.push_str(&format!("  dead-letter {:>7}", t.dead_lettered_total()));
     let reasons: Vec<String> = t
         .dead_lettered
@@ -168,9 +170,9 @@ pub fn render(r: &DemoReport) -> String {
     if !reasons.is_empty() {
         s.push_str(&format!("  ({})", reasons.join(", ")));
     }
-    let balanced = t.records_in == t.records_out + t.duplicates + t.dead_lettered_total();
+    let balanced = t.records_in == t.records_out + t.duplicates + t.stale + t.dead_lettered_total();
     s.push_str(&format!(
-        "\n\n  in = out + duplicates + dead-letter: {}\n",
+        "\n\n  in = out + duplicates + stale + dead-letter: {}\n",
         if balanced { "yes" } else { "NO" }
     ));
     s

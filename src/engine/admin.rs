@@ -31,8 +31,15 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
             )
         })?;
         partitions.insert(p.input_topic.clone(), n);
-        let changelog = t.changelog_topic(&p.dedup_store());
-        ensure_internal(&admin, rt, &changelog, n, &[("cleanup.policy", "compact")])?;
+        for store in p.store_names() {
+            ensure_internal(
+                &admin,
+                rt,
+                &t.changelog_topic(&store),
+                n,
+                &[("cleanup.policy", "compact")],
+            )?;
+        }
         if let Some(r) = &p.repartition {
             // Kept until consumed: tally deletes records below the committed offsets.
             ensure_internal(

@@ -230,7 +230,7 @@ impl ThreadState {
                 topic: r.topic.clone(),
             },
             _ => {
-                let stores = vec![pipeline.dedup_store()];
+                let stores = pipeline.store_names();
                 let changelogs: Vec<String> = stores.iter().map(|s| t.changelog_topic(s)).collect();
                 let dir = t.state_dir.join(&t.application_id).join(&name);
                 let fatal = |e: anyhow::Error| EngineError::Fatal(e);
@@ -257,7 +257,7 @@ impl ThreadState {
             }
         };
         let processor =
-            PipelineProcessor::new(Arc::new(pipeline.clone()), t.processing.max_record_bytes, 0);
+            PipelineProcessor::new(Arc::new(pipeline.clone()), t.processing.max_record_bytes);
         tracing::info!(task = %name, topic, stage = ?stage, "task ready");
         Ok(Task::new(
             partition,
@@ -372,6 +372,7 @@ fn publish(m: &Metrics, task: &Task, c: &Counts) {
         .inc_by(c.repartitioned);
     m.records_out.with_label_values(&[p]).inc_by(c.records_out);
     m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
+    m.stale.with_label_values(&[p]).inc_by(c.stale);
     for (reason, n) in &c.dead_lettered {
         m.dead_lettered
             .with_label_values(&[p, reason.as_str()])

@@ -36,6 +36,8 @@ pub struct Counts {
     pub records_out: u64,
     /// Duplicates dropped.
     pub duplicates: u64,
+    /// Stale versions dropped.
+    pub stale: u64,
     /// Dead-lettered by reason.
     pub dead_lettered: BTreeMap<Reason, u64>,
 }
@@ -189,6 +191,7 @@ impl Task {
                     Decision::Emit {
                         idempotency_key,
                         output_key,
+                        payload,
                     } => {
                         let headers = copy_headers(msg, &self.correlation_header)
                             .insert(header(&self.correlation_header, &processed.correlation_id))
@@ -198,11 +201,25 @@ impl Task {
                                 topic: &self.processor.pipeline().output.topic,
                                 partition: None,
                                 key: Some(output_key.as_bytes()),
-                                payload: msg.payload(),
+                                payload: payload.as_deref().or(msg.payload()),
                                 headers,
                             })
                             .map_err(ProcessError::Kafka)?;
                         self.counts.records_out += 1;
+                    }
+                    Decision::Stale {
+                        idempotency_key,
+                        version,
+                        current,
+                    } => {
+                        tracing::debug!(
+                            correlation_id = %processed.correlation_id,
+                            idempotency_key = %idempotency_key,
+                            version,
+                            current,
+                            "stale version dropped"
+                        );
+                        self.counts.stale += 1;
                     }
                     Decision::Duplicate { idempotency_key } => {
                         tracing::debug!(

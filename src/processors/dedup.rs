@@ -1,8 +1,8 @@
 //! The `ignore` strategy: the first record of a business key passes, later ones are duplicates
 //! until the key's retention has passed.
 
-use crate::store::codec::{self, CodecError};
-use crate::store::{StoreError, TaskStore};
+use super::state::{self, StateError};
+use crate::store::TaskStore;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -22,22 +22,6 @@ pub enum Admission {
     Duplicate,
 }
 
-/// A failure reading or writing dedup state.
-#[derive(Debug, thiserror::Error)]
-pub enum DedupError {
-    /// RocksDB failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// A stored entry cannot be decoded.
-    #[error("dedup entry for key `{key}`: {source}")]
-    Codec {
-        /// The idempotency key.
-        key: String,
-        /// Why it cannot be decoded.
-        source: CodecError,
-    },
-}
-
 /// Offers `key`: remembers it and returns `First`, or returns `Duplicate` when already seen.
 pub fn admit(
     store: &mut TaskStore,
@@ -45,26 +29,22 @@ pub fn admit(
     key: &str,
     now_ms: i64,
     retention: Duration,
-) -> Result<Admission, DedupError> {
-    if let Some(bytes) = store.get(index, key.as_bytes())? {
-        let entry: DedupEntry = codec::decode(&bytes).map_err(|source| DedupError::Codec {
-            key: key.to_string(),
-            source,
-        })?;
+) -> Result<Admission, StateError> {
+    if let Some(entry) = state::read::<DedupEntry>(store, index, key)? {
         let age_ms = now_ms.saturating_sub(entry.first_seen_ms);
         // Expired keys count as absent even before a cleanup pass removes them.
         if u128::try_from(age_ms).unwrap_or(0) < retention.as_millis() {
             return Ok(Admission::Duplicate);
         }
     }
-    let value = codec::encode(&DedupEntry {
-        first_seen_ms: now_ms,
-    })
-    .map_err(|source| DedupError::Codec {
-        key: key.to_string(),
-        source,
-    })?;
-    store.put(index, key.as_bytes(), value);
+    state::write(
+        store,
+        index,
+        key,
+        &DedupEntry {
+            first_seen_ms: now_ms,
+        },
+    )?;
     Ok(Admission::First)
 }
 
@@ -111,7 +91,7 @@ mod tests {
         s.put(0, b"k", vec![42, 0]);
         assert!(matches!(
             admit(&mut s, 0, "k", 0, Duration::from_secs(1)),
-            Err(DedupError::Codec { .. })
+            Err(StateError::Codec { .. })
         ));
     }
 }

@@ -2,8 +2,11 @@
 
 pub mod correlation;
 pub mod dedup;
+pub mod merge;
 pub mod pipeline;
 pub mod rejection;
+pub mod state;
+pub mod version_gate;
 
 pub use pipeline::{Decision, Input, PipelineProcessor, Processed};
 pub use rejection::{Reason, Rejection};

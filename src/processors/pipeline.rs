@@ -1,11 +1,14 @@
 //! One record through one pipeline: size check, decode, key, route, strategy.
 
 use super::correlation;
-use super::dedup::{self, Admission, DedupError};
+use super::dedup::{self, Admission};
+use super::merge::{self, Merge, MergeSpec};
 use super::rejection::{Reason, Rejection};
+use super::state::StateError;
+use super::version_gate::{self, Gate};
 use crate::store::TaskStore;
 use crate::topology::template::RenderError;
-use crate::topology::{KeyTemplate, Pipeline, Strategy};
+use crate::topology::{KeyTemplate, MergeEmit, Pipeline, StoreKind, Strategy};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -25,17 +28,28 @@ pub struct Input<'a> {
 /// What to do with the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    /// First occurrence: write it to the output with this message key.
+    /// Passes: write it to the output with this message key.
     Emit {
         /// The business idempotency key.
         idempotency_key: String,
         /// The output message key.
         output_key: String,
+        /// The output value when it is not the input's (a merged state).
+        payload: Option<Vec<u8>>,
     },
     /// Seen before: drop it.
     Duplicate {
         /// The business idempotency key.
         idempotency_key: String,
+    },
+    /// A version not higher than the entity's: drop it.
+    Stale {
+        /// The business idempotency key.
+        idempotency_key: String,
+        /// The record's version.
+        version: i64,
+        /// The entity's version.
+        current: i64,
     },
     /// Bad input: send it to the dead-letter topic.
     Reject(Rejection),
@@ -54,17 +68,25 @@ pub struct Processed {
 pub struct PipelineProcessor {
     pipeline: Arc<Pipeline>,
     max_record_bytes: usize,
-    dedup_index: usize,
+    stores: Vec<StoreKind>,
 }
 
 impl PipelineProcessor {
-    /// A processor whose dedup store is store `dedup_index` of the task.
-    pub fn new(pipeline: Arc<Pipeline>, max_record_bytes: usize, dedup_index: usize) -> Self {
+    /// A processor over a task whose stores are `pipeline.store_names()`, in that order.
+    pub fn new(pipeline: Arc<Pipeline>, max_record_bytes: usize) -> Self {
+        let stores = pipeline.store_kinds();
         Self {
             pipeline,
             max_record_bytes,
-            dedup_index,
+            stores,
         }
+    }
+
+    fn store_index(&self, kind: StoreKind) -> Result<usize, StateError> {
+        self.stores
+            .iter()
+            .position(|k| *k == kind)
+            .ok_or(StateError::MissingStore(kind.as_str()))
     }
 
     /// The pipeline this processor runs.
@@ -77,7 +99,7 @@ impl PipelineProcessor {
         &self,
         input: &Input<'_>,
         store: &mut TaskStore,
-    ) -> Result<Processed, DedupError> {
+    ) -> Result<Processed, StateError> {
         let doc = match self.decode(input.payload) {
             Ok(doc) => doc,
             Err(rejection) => return Ok(self.rejected(input, None, rejection)),
@@ -105,35 +127,115 @@ impl PipelineProcessor {
                 correlation_id,
             });
         };
-        let output_key = match &self.pipeline.output.key {
+        let output_template = self
+            .pipeline
+            .output
+            .key
+            .as_ref()
+            .or(route.strategy.entity());
+        let output_key = match output_template.map(|t| t.render(&doc)) {
             None => key.clone(),
-            Some(t) => match t.render(&doc) {
-                Ok(k) => k,
-                Err(e) => {
-                    return Ok(Processed {
-                        decision: Decision::Reject(key_rejection(e, "output key")),
-                        correlation_id,
-                    })
-                }
-            },
+            Some(Ok(k)) => k,
+            Some(Err(e)) => {
+                return Ok(Processed {
+                    decision: Decision::Reject(key_rejection(e, "output key")),
+                    correlation_id,
+                })
+            }
         };
-        let decision = match &route.strategy {
+        let decision =
+            match self.decide(&route.strategy, &doc, key, output_key, input.now_ms, store)? {
+                Ok(decision) => decision,
+                Err(rejection) => Decision::Reject(rejection),
+            };
+        Ok(Processed {
+            decision,
+            correlation_id,
+        })
+    }
+
+    /// Applies a route's strategy; an `Err` inside is a rejection of the record.
+    fn decide(
+        &self,
+        strategy: &Strategy,
+        doc: &Map<String, Value>,
+        key: String,
+        output_key: String,
+        now_ms: i64,
+        store: &mut TaskStore,
+    ) -> Result<Result<Decision, Rejection>, StateError> {
+        let emit = |key: String, payload: Option<Vec<u8>>| Decision::Emit {
+            idempotency_key: key,
+            output_key: output_key.clone(),
+            payload,
+        };
+        Ok(Ok(match strategy {
             Strategy::Ignore { retention } => {
-                match dedup::admit(store, self.dedup_index, &key, input.now_ms, *retention)? {
-                    Admission::First => Decision::Emit {
-                        idempotency_key: key,
-                        output_key,
-                    },
+                let index = self.store_index(StoreKind::Dedup)?;
+                match dedup::admit(store, index, &key, now_ms, *retention)? {
+                    Admission::First => emit(key, None),
                     Admission::Duplicate => Decision::Duplicate {
                         idempotency_key: key,
                     },
                 }
             }
-        };
-        Ok(Processed {
-            decision,
-            correlation_id,
-        })
+            Strategy::Overwrite { entity, version } => {
+                let entity = match entity.render(doc) {
+                    Ok(e) => e,
+                    Err(e) => return Ok(Err(key_rejection(e, "entity"))),
+                };
+                let text = match version.render(doc) {
+                    Ok(v) => v,
+                    Err(e) => return Ok(Err(key_rejection(e, "version"))),
+                };
+                let Some(v) = version_gate::parse_version(&text) else {
+                    let detail = format!("version `{text}` is not an integer");
+                    return Ok(Err(Rejection::new(Reason::InvalidVersion, detail)));
+                };
+                let index = self.store_index(StoreKind::Versions)?;
+                match version_gate::offer(store, index, &entity, v)? {
+                    Gate::Newer => emit(key, None),
+                    Gate::Stale { current } => Decision::Stale {
+                        idempotency_key: key,
+                        version: v,
+                        current,
+                    },
+                }
+            }
+            Strategy::Merge {
+                entity,
+                increment_id,
+                into,
+                emit: what,
+                max_state_bytes,
+            } => {
+                let (entity, id) = match (entity.render(doc), increment_id.render(doc)) {
+                    (Ok(e), Ok(i)) => (e, i),
+                    (Err(e), _) => return Ok(Err(key_rejection(e, "entity"))),
+                    (_, Err(e)) => return Ok(Err(key_rejection(e, "increment id"))),
+                };
+                let index = self.store_index(StoreKind::Merged)?;
+                let spec = MergeSpec {
+                    into,
+                    max_state_bytes: *max_state_bytes,
+                };
+                match merge::apply(store, index, &entity, &id, doc, spec)? {
+                    Merge::Applied(state) => match what {
+                        MergeEmit::State => emit(key, Some(state)),
+                        MergeEmit::Increment => emit(key, None),
+                    },
+                    Merge::AlreadyApplied => Decision::Duplicate {
+                        idempotency_key: key,
+                    },
+                    Merge::TooLarge { bytes } => {
+                        let detail = format!(
+                            "merged state of `{entity}` would be {bytes} bytes, over max_state_bytes {max_state_bytes}"
+                        );
+                        return Ok(Err(Rejection::new(Reason::StateTooLarge, detail)));
+                    }
+                }
+            }
+        }))
     }
 
     /// For a repartition stage: the record's new message key, or its rejection.
@@ -226,13 +328,40 @@ pipelines:
 dead_letter: { topic: dlq }
 "#;
 
+    const ROUTES: &str = r#"
+application_id: t
+kafka: { bootstrap_servers: "localhost:9092" }
+sources: { in: { topic: in } }
+pipelines:
+  - name: sync
+    from: in
+    key: "{id}:{v}"
+    routes:
+      - when: { event_type: "entity.*" }
+        strategy: overwrite
+        entity: "{type}:{id}"
+        version: "{v}"
+      - when: { event_type: "cart.*" }
+        strategy: merge
+        entity: "{id}"
+        increment_id: "{line}"
+        into: lines
+        max_state_bytes: 300
+    to: { topic: out }
+dead_letter: { topic: dlq }
+"#;
+
     fn setup() -> (PipelineProcessor, TaskStore, tempfile::TempDir) {
-        let t = config::load_str("t.yaml", YAML, |_| None).expect("valid topology");
+        setup_with(YAML)
+    }
+
+    fn setup_with(yaml: &str) -> (PipelineProcessor, TaskStore, tempfile::TempDir) {
+        let t = config::load_str("t.yaml", yaml, |_| None).expect("valid topology");
         let p = Arc::new(t.pipelines[0].clone());
         let tmp = tempfile::tempdir().expect("tempdir");
-        let s = TaskStore::open(tmp.path(), &["d".into()], &StoreEnv::default()).expect("opens");
+        let s = TaskStore::open(tmp.path(), &p.store_names(), &StoreEnv::default()).expect("opens");
         (
-            PipelineProcessor::new(p, t.processing.max_record_bytes, 0),
+            PipelineProcessor::new(p, t.processing.max_record_bytes),
             s,
             tmp,
         )
@@ -267,7 +396,8 @@ dead_letter: { topic: dlq }
             first.decision,
             Decision::Emit {
                 idempotency_key: "P1:PAID".into(),
-                output_key: "P1".into()
+                output_key: "P1".into(),
+                payload: None
             }
         );
         let again = run(
@@ -359,6 +489,81 @@ dead_letter: { topic: dlq }
                 reason: Reason::MissingKeyField,
                 ..
             })
+        ));
+    }
+
+    #[test]
+    fn overwrite_passes_higher_versions_keyed_by_entity_and_drops_the_rest() {
+        let (p, mut s, _tmp) = setup_with(ROUTES);
+        let rec = |v: &str| {
+            format!(r#"{{"event_type":"entity.updated","type":"customer","id":"C1","v":{v}}}"#)
+        };
+        let first = run(&p, &mut s, rec("3").as_bytes());
+        assert_eq!(
+            first.decision,
+            Decision::Emit {
+                idempotency_key: "C1:3".into(),
+                output_key: "customer:C1".into(),
+                payload: None
+            }
+        );
+        assert!(matches!(
+            run(&p, &mut s, rec("\"2\"").as_bytes()).decision,
+            Decision::Stale {
+                version: 2,
+                current: 3,
+                ..
+            }
+        ));
+        assert!(matches!(
+            run(&p, &mut s, rec("3").as_bytes()).decision,
+            Decision::Stale { version: 3, .. }
+        ));
+        assert!(matches!(
+            run(&p, &mut s, rec("\"4\"").as_bytes()).decision,
+            Decision::Emit { .. }
+        ));
+        assert_eq!(
+            reason(&run(&p, &mut s, rec("4.5").as_bytes())),
+            Some(Reason::InvalidVersion)
+        );
+        assert_eq!(
+            reason(&run(&p, &mut s, rec("\"v5\"").as_bytes())),
+            Some(Reason::InvalidVersion)
+        );
+    }
+
+    #[test]
+    fn merge_emits_the_state_applies_each_increment_once_and_bounds_it() {
+        let (p, mut s, _tmp) = setup_with(ROUTES);
+        let rec = |line: &str, pad: usize| {
+            format!(
+                r#"{{"event_type":"cart.add","id":"K1","v":1,"line":"{line}","pad":"{}"}}"#,
+                "x".repeat(pad)
+            )
+        };
+        let Decision::Emit {
+            payload: Some(state),
+            output_key,
+            ..
+        } = run(&p, &mut s, rec("L1", 1).as_bytes()).decision
+        else {
+            panic!("first increment emits the merged state");
+        };
+        assert_eq!(output_key, "K1");
+        let v: Value = serde_json::from_slice(&state).expect("json");
+        assert_eq!(v["lines"][0]["line"], "L1");
+        assert!(matches!(
+            run(&p, &mut s, rec("L1", 1).as_bytes()).decision,
+            Decision::Duplicate { .. }
+        ));
+        assert_eq!(
+            reason(&run(&p, &mut s, rec("L2", 400).as_bytes())),
+            Some(Reason::StateTooLarge)
+        );
+        assert!(matches!(
+            run(&p, &mut s, rec("L3", 1).as_bytes()).decision,
+            Decision::Emit { .. }
         ));
     }
 }

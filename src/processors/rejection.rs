@@ -17,17 +17,23 @@ pub enum Reason {
     NonScalarKeyField,
     /// No route matches the record's `event_type`.
     NoRoute,
+    /// The `overwrite` version is not an integer.
+    InvalidVersion,
+    /// A `merge` increment would grow the entity's state past its bound.
+    StateTooLarge,
 }
 
 impl Reason {
     /// Every reason, for metrics initialisation and reports.
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 8] = [
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::NotAnObject,
         Reason::MissingKeyField,
         Reason::NonScalarKeyField,
         Reason::NoRoute,
+        Reason::InvalidVersion,
+        Reason::StateTooLarge,
     ];
 
     /// The stable name used in headers, metrics and logs.
@@ -39,6 +45,8 @@ impl Reason {
             Reason::MissingKeyField => "missing_key_field",
             Reason::NonScalarKeyField => "non_scalar_key_field",
             Reason::NoRoute => "no_route",
+            Reason::InvalidVersion => "invalid_version",
+            Reason::StateTooLarge => "state_too_large",
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Text view of a topology: sources → steps → sinks, with stores and their changelog topics.
 
-use super::{Strategy, Topology};
+use super::{MergeEmit, Strategy, Topology};
 use std::fmt::Write;
 
 /// Renders the topology as indented text for `tally describe`.
@@ -35,29 +35,43 @@ pub fn describe(t: &Topology) -> String {
         };
         let _ = writeln!(s, "    → correlation id from {correlation}");
         for (i, r) in p.routes.iter().enumerate() {
-            let Strategy::Ignore { retention } = &r.strategy;
+            let what = match &r.strategy {
+                Strategy::Ignore { retention } => format!(
+                    "ignore duplicates (keys kept {})",
+                    humantime::format_duration(*retention)
+                ),
+                Strategy::Overwrite { entity, version } => {
+                    format!("overwrite entity {entity} only with a higher version {version}")
+                }
+                Strategy::Merge { entity, increment_id, into, emit, .. } => format!(
+                    "merge into entity {entity}.{into}, each increment {increment_id} once, emit {}",
+                    match emit {
+                        MergeEmit::State => "merged state",
+                        MergeEmit::Increment => "accepted increment",
+                    }
+                ),
+            };
             let _ = writeln!(
                 s,
-                "    → route {}: event_type {} → ignore duplicates (keys kept {})",
+                "    → route {}: event_type {} → {what}",
                 i + 1,
-                r.event_type,
-                humantime::format_duration(*retention)
+                r.event_type
             );
         }
-        let out_key = p
-            .output
-            .key
-            .as_ref()
-            .map_or_else(|| "the idempotency key".to_string(), ToString::to_string);
+        let out_key = p.output.key.as_ref().map_or_else(
+            || "the entity key, else the idempotency key".to_string(),
+            ToString::to_string,
+        );
         let _ = writeln!(s, "  sink    topic {} (key {})", p.output.topic, out_key);
         let _ = writeln!(s, "  stores");
-        let store = p.dedup_store();
-        let _ = writeln!(
-            s,
-            "    {store}  (RocksDB, changelog {}, compacted, partitions = {})",
-            t.changelog_topic(&store),
-            p.input_topic
-        );
+        for store in p.store_names() {
+            let _ = writeln!(
+                s,
+                "    {store}  (RocksDB, changelog {}, compacted, partitions = {})",
+                t.changelog_topic(&store),
+                p.input_topic
+            );
+        }
     }
     let _ = writeln!(s, "\ndead letters → topic {}", t.dead_letter_topic);
     s

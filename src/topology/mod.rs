@@ -127,6 +127,76 @@ pub enum Strategy {
         /// How long a key is remembered.
         retention: Duration,
     },
+    /// Keep the highest source version per entity; only a strictly higher version passes.
+    Overwrite {
+        /// Entity key template.
+        entity: KeyTemplate,
+        /// Template rendering the source version (an integer).
+        version: KeyTemplate,
+    },
+    /// Combine increments into the entity's state, applying each increment id once.
+    Merge {
+        /// Entity key template.
+        entity: KeyTemplate,
+        /// Template rendering the increment's own id.
+        increment_id: KeyTemplate,
+        /// Array field of the merged state that collects the increments.
+        into: String,
+        /// What the output carries.
+        emit: MergeEmit,
+        /// Largest merged state; an increment that would exceed it is dead-lettered.
+        max_state_bytes: usize,
+    },
+}
+
+/// What a `merge` route writes to the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeEmit {
+    /// The entity's merged state after the increment.
+    State,
+    /// The accepted increment as it arrived.
+    Increment,
+}
+
+/// The kinds of state store a pipeline may need, one column family and changelog each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StoreKind {
+    /// Idempotency keys seen (`ignore`).
+    Dedup,
+    /// Highest version per entity (`overwrite`).
+    Versions,
+    /// Merged state per entity (`merge`).
+    Merged,
+}
+
+impl StoreKind {
+    /// Suffix of the store name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Dedup => "dedup",
+            StoreKind::Versions => "versions",
+            StoreKind::Merged => "merged",
+        }
+    }
+}
+
+impl Strategy {
+    /// The store this strategy keeps its state in.
+    pub fn store(&self) -> StoreKind {
+        match self {
+            Strategy::Ignore { .. } => StoreKind::Dedup,
+            Strategy::Overwrite { .. } => StoreKind::Versions,
+            Strategy::Merge { .. } => StoreKind::Merged,
+        }
+    }
+
+    /// The entity key template, for strategies that keep per-entity state.
+    pub fn entity(&self) -> Option<&KeyTemplate> {
+        match self {
+            Strategy::Ignore { .. } => None,
+            Strategy::Overwrite { entity, .. } | Strategy::Merge { entity, .. } => Some(entity),
+        }
+    }
 }
 
 /// The sink of a pipeline.
@@ -146,9 +216,25 @@ impl Pipeline {
             .map_or(&self.input_topic, |r| &r.topic)
     }
 
-    /// Name of the dedup store (a RocksDB column family and a changelog).
-    pub fn dedup_store(&self) -> String {
-        format!("{}-dedup", self.name)
+    /// The stores the routes need, in a fixed order (their index in a task).
+    pub fn store_kinds(&self) -> Vec<StoreKind> {
+        let mut kinds: Vec<StoreKind> = self.routes.iter().map(|r| r.strategy.store()).collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
+    /// Name of a store (a RocksDB column family; part of its changelog topic's name).
+    pub fn store_name(&self, kind: StoreKind) -> String {
+        format!("{}-{}", self.name, kind.as_str())
+    }
+
+    /// Names of every store the pipeline needs, in `store_kinds` order.
+    pub fn store_names(&self) -> Vec<String> {
+        self.store_kinds()
+            .into_iter()
+            .map(|k| self.store_name(k))
+            .collect()
     }
 
     /// The first route matching a record's event type, if any.
