@@ -48,9 +48,9 @@ fn repeated_and_repushed_events_come_out_once_each() {
     );
     produce(&names.input, &gen.records);
 
+    // The example topology file itself, pointed at this test's topics.
     let dir = tempfile::tempdir().expect("tempdir");
-    let topology = write_topology(dir.path(), &names, 65536);
-    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    let tally = Tally::start_example("payments.yaml", &names, dir.path(), "i1");
     let got = wait_for_count(
         &names.output,
         gen.expected_keys.len(),

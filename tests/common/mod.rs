@@ -248,11 +248,43 @@ pub struct Tally {
 
 impl Tally {
     pub fn start(topology: &Path, instance_id: &str, log: PathBuf) -> Self {
+        Self::start_with_env(topology, instance_id, log, &[])
+    }
+
+    /// Runs one of the example files in `topologies/` with the test's topics and state dir.
+    pub fn start_example(example: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("topologies")
+            .join(example);
+        let state_dir = state.join("state").display().to_string();
+        let env = [
+            ("KAFKA_BOOTSTRAP", bootstrap()),
+            ("TALLY_APP_ID", names.app.clone()),
+            ("TALLY_STATE_DIR", state_dir),
+            ("TALLY_INPUT_TOPIC", names.input.clone()),
+            ("TALLY_OUTPUT_TOPIC", names.output.clone()),
+            ("TALLY_DLQ_TOPIC", names.dlq.clone()),
+        ];
+        Self::start_with_env(
+            &path,
+            instance_id,
+            state.join(format!("{instance_id}.log")),
+            &env,
+        )
+    }
+
+    pub fn start_with_env(
+        topology: &Path,
+        instance_id: &str,
+        log: PathBuf,
+        env: &[(&str, String)],
+    ) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))
             .args(["--log-json", "run"])
             .arg(topology)
             .args(["--instance-id", instance_id])
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info,librdkafka=warn")
             .stdout(Stdio::null())
             .stderr(file)
