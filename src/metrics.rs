@@ -1,7 +1,7 @@
 //! Prometheus metrics of one instance (`tally_` prefix, base units, no per-event labels).
 
 use crate::processors::Reason;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::collections::BTreeMap;
 
 /// Every metric tally exports, registered in its own registry.
@@ -29,6 +29,12 @@ pub struct Metrics {
     pub restored_records: IntCounterVec,
     /// Rebalance events seen by stream threads.
     pub rebalances: IntCounter,
+    /// Events emitted pending-create, per pipeline.
+    pub pending_created: IntCounterVec,
+    /// Id links in the global ID-mapping store.
+    pub idmap_mappings: IntGauge,
+    /// Pending-create markers whose mapping has not arrived.
+    pub idmap_pending: IntGauge,
 }
 
 /// Totals for a run summary.
@@ -99,6 +105,11 @@ impl Metrics {
             "Changelog records applied while restoring",
             &["store"],
         )?;
+        let pending_created = counter_vec(
+            "pending_create_total",
+            "Events emitted without the target system's id",
+            &["pipeline"],
+        )?;
         let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
             let c = IntCounter::new(name, help)?;
             registry.register(Box::new(c.clone()))?;
@@ -119,6 +130,14 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
         )?;
         registry.register(Box::new(commit_latency.clone()))?;
+        let idmap_mappings =
+            IntGauge::new("idmap_mappings", "Id links in the global ID-mapping store")?;
+        registry.register(Box::new(idmap_mappings.clone()))?;
+        let idmap_pending = IntGauge::new(
+            "idmap_pending",
+            "Pending-create markers still waiting for their mapping",
+        )?;
+        registry.register(Box::new(idmap_pending.clone()))?;
         Ok(Self {
             registry,
             records_in,
@@ -132,6 +151,9 @@ impl Metrics {
             commit_latency,
             restored_records,
             rebalances,
+            pending_created,
+            idmap_mappings,
+            idmap_pending,
         })
     }
 

@@ -2,6 +2,7 @@
 
 pub mod diagnostics;
 pub mod interpolate;
+pub mod pipelines;
 pub mod raw;
 pub mod validate;
 

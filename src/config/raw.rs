@@ -18,6 +18,26 @@ pub struct RawTopology {
     pub sources: Option<Spanned<BTreeMap<String, Spanned<RawSource>>>>,
     pub pipelines: Option<Spanned<Vec<Spanned<RawPipeline>>>>,
     pub dead_letter: Option<Spanned<RawDeadLetter>>,
+    pub id_mapping: Option<Spanned<RawIdMapping>>,
+}
+
+/// `id_mapping:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdMapping {
+    pub topic: Option<Text>,
+    pub partitions: Option<Spanned<u64>>,
+}
+
+/// One entry of a pipeline's `map_ids:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMapIds {
+    pub field: Option<Text>,
+    pub from_system: Option<Text>,
+    pub to_system: Option<Text>,
+    pub into: Option<Text>,
+    pub on_missing: Option<Text>,
 }
 
 /// `kafka:`
@@ -85,6 +105,7 @@ pub struct RawPipeline {
     pub key: Option<Text>,
     pub correlation_id: Option<RawCorrelation>,
     pub repartition: Option<Spanned<RawRepartition>>,
+    pub map_ids: Option<Vec<Spanned<RawMapIds>>>,
     pub routes: Option<Spanned<Vec<Spanned<RawRoute>>>>,
     pub to: Option<Spanned<RawOutput>>,
 }

@@ -51,6 +51,15 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
             )?;
         }
     }
+    if let Some(m) = &t.id_mapping {
+        ensure_internal(
+            &admin,
+            rt,
+            &m.topic,
+            m.partitions,
+            &[("cleanup.policy", "compact")],
+        )?;
+    }
     Ok(partitions)
 }
 

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod clients;
 pub mod errors;
+pub mod global;
 pub mod producer;
 pub mod purge;
 pub mod restore;
@@ -10,7 +11,7 @@ pub mod stream_thread;
 pub mod task;
 
 use crate::metrics::Metrics;
-use crate::store::StoreEnv;
+use crate::store::{GlobalMappings, StoreEnv};
 use crate::topology::Topology;
 use anyhow::{anyhow, Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +66,23 @@ pub async fn run(
         )
     })?;
     let store_env = Arc::new(StoreEnv::default());
+    let global = Arc::new(GlobalMappings::default());
+    let global_reader = match &topology.id_mapping {
+        None => None,
+        Some(m) => {
+            let (t, topic, g, mx, sd) = (
+                topology.clone(),
+                m.topic.clone(),
+                global.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            );
+            let reader = tokio::task::spawn_blocking(move || global::start(&t, &topic, g, mx, sd))
+                .await
+                .context("ID-mapping reader panicked")??;
+            Some(reader)
+        }
+    };
     let mut handles = Vec::new();
     for index in 0..topology.processing.threads {
         let cfg = stream_thread::ThreadConfig {
@@ -75,6 +93,7 @@ pub async fn run(
             store_env: store_env.clone(),
             shutdown: shutdown.clone(),
             rt: tokio::runtime::Handle::current(),
+            global: global.clone(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         let handle = std::thread::Builder::new()
@@ -83,10 +102,11 @@ pub async fn run(
             .context("cannot start a stream thread")?;
         handles.push(handle);
     }
+    handles.extend(global_reader);
     tokio::task::spawn_blocking(move || {
         handles
             .into_iter()
-            .try_for_each(|h| h.join().map_err(|_| anyhow!("a stream thread panicked")))
+            .try_for_each(|h| h.join().map_err(|_| anyhow!("an engine thread panicked")))
     })
     .await
     .context("joining stream threads")?

@@ -6,7 +6,7 @@ use super::errors::{classify, EngineError, ErrorClass};
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore;
-use super::task::{Counts, ProcessError, Task, Work};
+use super::task::{Counts, ProcessError, Sinks, Task, Work};
 use super::Shutdown;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
@@ -42,6 +42,8 @@ pub struct ThreadConfig {
     pub shutdown: Shutdown,
     /// Runtime for background admin requests.
     pub rt: tokio::runtime::Handle,
+    /// The instance's ID-mapping store.
+    pub global: Arc<crate::store::GlobalMappings>,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
@@ -256,15 +258,17 @@ impl ThreadState {
                 }
             }
         };
-        let processor =
-            PipelineProcessor::new(Arc::new(pipeline.clone()), t.processing.max_record_bytes);
+        let processor = PipelineProcessor::new(
+            Arc::new(pipeline.clone()),
+            t.processing.max_record_bytes,
+            self.cfg.global.clone(),
+        );
         tracing::info!(task = %name, topic, stage = ?stage, "task ready");
-        Ok(Task::new(
-            partition,
-            processor,
-            work,
-            t.dead_letter_topic.clone(),
-        ))
+        let sinks = Sinks {
+            dead_letter: t.dead_letter_topic.clone(),
+            mappings: t.id_mapping.as_ref().map(|m| m.topic.clone()),
+        };
+        Ok(Task::new(partition, processor, work, sinks))
     }
 
     fn commit_due(&self) -> bool {
@@ -373,6 +377,9 @@ fn publish(m: &Metrics, task: &Task, c: &Counts) {
     m.records_out.with_label_values(&[p]).inc_by(c.records_out);
     m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
     m.stale.with_label_values(&[p]).inc_by(c.stale);
+    m.pending_created
+        .with_label_values(&[p])
+        .inc_by(c.pending_created);
     for (reason, n) in &c.dead_lettered {
         m.dead_lettered
             .with_label_values(&[p, reason.as_str()])

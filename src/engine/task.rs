@@ -3,6 +3,7 @@
 
 use super::errors::EngineError;
 use super::producer::{Outgoing, TxnProducer};
+use crate::processors::idmap::pending_key;
 use crate::processors::{Decision, Input, PipelineProcessor, Processed, Reason, Rejection};
 use crate::store::TaskStore;
 use crate::topology::KeyTemplate;
@@ -12,6 +13,8 @@ use rdkafka::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// Header naming the systems whose id an output lacks (pending-create).
+pub const PENDING_CREATE_HEADER: &str = "tally.pending_create";
 /// Header carrying the business idempotency key on outputs.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "tally.idempotency_key";
 /// Machine-readable dead-letter reason.
@@ -38,6 +41,8 @@ pub struct Counts {
     pub duplicates: u64,
     /// Stale versions dropped.
     pub stale: u64,
+    /// Outputs emitted pending-create.
+    pub pending_created: u64,
     /// Dead-lettered by reason.
     pub dead_lettered: BTreeMap<Reason, u64>,
 }
@@ -70,12 +75,21 @@ pub enum Work {
     },
 }
 
+/// Where a task writes besides its output.
+pub struct Sinks {
+    /// The dead-letter topic.
+    pub dead_letter: String,
+    /// The ID-mapping topic (pending-create markers), when configured.
+    pub mappings: Option<String>,
+}
+
 /// One partition of a consumed topic with its pipeline stage.
 pub struct Task {
     partition: i32,
     processor: PipelineProcessor,
     work: Work,
     dead_letter_topic: String,
+    mappings_topic: Option<String>,
     correlation_header: String,
     next_offset: Option<i64>,
     counts: Counts,
@@ -83,12 +97,7 @@ pub struct Task {
 
 impl Task {
     /// A task for `partition` doing `work`.
-    pub fn new(
-        partition: i32,
-        processor: PipelineProcessor,
-        work: Work,
-        dead_letter_topic: String,
-    ) -> Self {
+    pub fn new(partition: i32, processor: PipelineProcessor, work: Work, sinks: Sinks) -> Self {
         let correlation_header = processor
             .pipeline()
             .correlation
@@ -99,7 +108,8 @@ impl Task {
             partition,
             processor,
             work,
-            dead_letter_topic,
+            dead_letter_topic: sinks.dead_letter,
+            mappings_topic: sinks.mappings,
             correlation_header,
             next_offset: None,
             counts: Counts::default(),
@@ -192,10 +202,40 @@ impl Task {
                         idempotency_key,
                         output_key,
                         payload,
+                        pending,
                     } => {
-                        let headers = copy_headers(msg, &self.correlation_header)
+                        let mut headers = copy_headers(msg, &self.correlation_header)
                             .insert(header(&self.correlation_header, &processed.correlation_id))
                             .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
+                        if !pending.is_empty() {
+                            let systems: Vec<&str> =
+                                pending.iter().map(|p| p.system.as_str()).collect();
+                            headers =
+                                headers.insert(header(PENDING_CREATE_HEADER, &systems.join(",")));
+                            self.counts.pending_created += 1;
+                        }
+                        // Markers let every instance count what still waits for a write-back.
+                        if let Some(topic) = &self.mappings_topic {
+                            for p in pending {
+                                let marker = serde_json::json!({
+                                    "correlation_id": processed.correlation_id,
+                                    "idempotency_key": idempotency_key,
+                                    "since_ms": input.now_ms,
+                                })
+                                .to_string();
+                                producer
+                                    .send(Outgoing {
+                                        topic,
+                                        partition: None,
+                                        key: Some(
+                                            pending_key(&p.system, &p.internal_id).as_bytes(),
+                                        ),
+                                        payload: Some(marker.as_bytes()),
+                                        headers: OwnedHeaders::new(),
+                                    })
+                                    .map_err(ProcessError::Kafka)?;
+                            }
+                        }
                         producer
                             .send(Outgoing {
                                 topic: &self.processor.pipeline().output.topic,
@@ -205,6 +245,21 @@ impl Task {
                                 headers,
                             })
                             .map_err(ProcessError::Kafka)?;
+                        self.counts.records_out += 1;
+                    }
+                    Decision::Mapping { records, .. } => {
+                        let topic = &self.processor.pipeline().output.topic;
+                        for (key, value) in records {
+                            producer
+                                .send(Outgoing {
+                                    topic,
+                                    partition: None,
+                                    key: Some(key.as_bytes()),
+                                    payload: value.as_deref().map(str::as_bytes),
+                                    headers: OwnedHeaders::new(),
+                                })
+                                .map_err(ProcessError::Kafka)?;
+                        }
                         self.counts.records_out += 1;
                     }
                     Decision::Stale {

@@ -2,11 +2,12 @@
 
 use super::correlation;
 use super::dedup::{self, Admission};
+use super::idmap::{self, MappingRecord, PendingCreate};
 use super::merge::{self, Merge, MergeSpec};
 use super::rejection::{Reason, Rejection};
 use super::state::StateError;
 use super::version_gate::{self, Gate};
-use crate::store::TaskStore;
+use crate::store::{GlobalMappings, TaskStore};
 use crate::topology::template::RenderError;
 use crate::topology::{KeyTemplate, MergeEmit, Pipeline, StoreKind, Strategy};
 use serde_json::{Map, Value};
@@ -34,8 +35,17 @@ pub enum Decision {
         idempotency_key: String,
         /// The output message key.
         output_key: String,
-        /// The output value when it is not the input's (a merged state).
+        /// The output value when it is not the input's (merged state, mapped ids).
         payload: Option<Vec<u8>>,
+        /// Target systems whose id was unknown: the event goes out pending-create.
+        pending: Vec<PendingCreate>,
+    },
+    /// A first write-back for its entity: these records go to the mappings topic.
+    Mapping {
+        /// The business idempotency key.
+        idempotency_key: String,
+        /// Mapping records for the mappings topic.
+        records: Vec<MappingRecord>,
     },
     /// Seen before: drop it.
     Duplicate {
@@ -69,16 +79,23 @@ pub struct PipelineProcessor {
     pipeline: Arc<Pipeline>,
     max_record_bytes: usize,
     stores: Vec<StoreKind>,
+    global: Arc<GlobalMappings>,
 }
 
 impl PipelineProcessor {
-    /// A processor over a task whose stores are `pipeline.store_names()`, in that order.
-    pub fn new(pipeline: Arc<Pipeline>, max_record_bytes: usize) -> Self {
+    /// A processor over a task whose stores are `pipeline.store_names()`, in that order;
+    /// `global` is the instance's ID-mapping store.
+    pub fn new(
+        pipeline: Arc<Pipeline>,
+        max_record_bytes: usize,
+        global: Arc<GlobalMappings>,
+    ) -> Self {
         let stores = pipeline.store_kinds();
         Self {
             pipeline,
             max_record_bytes,
             stores,
+            global,
         }
     }
 
@@ -100,7 +117,7 @@ impl PipelineProcessor {
         input: &Input<'_>,
         store: &mut TaskStore,
     ) -> Result<Processed, StateError> {
-        let doc = match self.decode(input.payload) {
+        let mut doc = match self.decode(input.payload) {
             Ok(doc) => doc,
             Err(rejection) => return Ok(self.rejected(input, None, rejection)),
         };
@@ -143,11 +160,32 @@ impl PipelineProcessor {
                 })
             }
         };
-        let decision =
+        // Ids are looked up before any state changes, so a rejection leaves none behind.
+        let pending = match idmap::enrich(&self.global, &self.pipeline.map_ids, &mut doc) {
+            Ok(p) => p,
+            Err(rejection) => {
+                return Ok(Processed {
+                    decision: Decision::Reject(rejection),
+                    correlation_id,
+                })
+            }
+        };
+        let mut decision =
             match self.decide(&route.strategy, &doc, key, output_key, input.now_ms, store)? {
                 Ok(decision) => decision,
                 Err(rejection) => Decision::Reject(rejection),
             };
+        if let Decision::Emit {
+            payload,
+            pending: p,
+            ..
+        } = &mut decision
+        {
+            if payload.is_none() && !self.pipeline.map_ids.is_empty() {
+                *payload = Some(Value::Object(doc).to_string().into_bytes());
+            }
+            *p = pending;
+        }
         Ok(Processed {
             decision,
             correlation_id,
@@ -168,6 +206,7 @@ impl PipelineProcessor {
             idempotency_key: key,
             output_key: output_key.clone(),
             payload,
+            pending: Vec::new(),
         };
         Ok(Ok(match strategy {
             Strategy::Ignore { retention } => {
@@ -228,11 +267,28 @@ impl PipelineProcessor {
                         idempotency_key: key,
                     },
                     Merge::TooLarge { bytes } => {
+                        // The bound protects memory and the changelog: the increment is refused.
                         let detail = format!(
                             "merged state of `{entity}` would be {bytes} bytes, over max_state_bytes {max_state_bytes}"
                         );
                         return Ok(Err(Rejection::new(Reason::StateTooLarge, detail)));
                     }
+                }
+            }
+            Strategy::RecordMapping => {
+                let wb = match idmap::parse_write_back(doc) {
+                    Ok(wb) => wb,
+                    Err(rejection) => return Ok(Err(rejection)),
+                };
+                let index = self.store_index(StoreKind::Links)?;
+                match idmap::record(store, index, &self.global, &wb)? {
+                    Some(records) => Decision::Mapping {
+                        idempotency_key: key,
+                        records,
+                    },
+                    None => Decision::Duplicate {
+                        idempotency_key: key,
+                    },
                 }
             }
         }))
@@ -360,8 +416,9 @@ dead_letter: { topic: dlq }
         let p = Arc::new(t.pipelines[0].clone());
         let tmp = tempfile::tempdir().expect("tempdir");
         let s = TaskStore::open(tmp.path(), &p.store_names(), &StoreEnv::default()).expect("opens");
+        let global = Arc::new(GlobalMappings::default());
         (
-            PipelineProcessor::new(p, t.processing.max_record_bytes),
+            PipelineProcessor::new(p, t.processing.max_record_bytes, global),
             s,
             tmp,
         )
@@ -397,7 +454,8 @@ dead_letter: { topic: dlq }
             Decision::Emit {
                 idempotency_key: "P1:PAID".into(),
                 output_key: "P1".into(),
-                payload: None
+                payload: None,
+                pending: vec![]
             }
         );
         let again = run(
@@ -504,7 +562,8 @@ dead_letter: { topic: dlq }
             Decision::Emit {
                 idempotency_key: "C1:3".into(),
                 output_key: "customer:C1".into(),
-                payload: None
+                payload: None,
+                pending: vec![]
             }
         );
         assert!(matches!(

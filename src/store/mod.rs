@@ -2,7 +2,9 @@
 
 pub mod codec;
 pub mod env;
+pub mod global;
 pub mod task_store;
 
 pub use env::StoreEnv;
+pub use global::GlobalMappings;
 pub use task_store::{Change, StoreError, TaskStore};

@@ -50,12 +50,22 @@ pub fn describe(t: &Topology) -> String {
                         MergeEmit::Increment => "accepted increment",
                     }
                 ),
+                Strategy::RecordMapping => {
+                    "record write-backs in the ID-mapping store, first write wins".to_string()
+                }
             };
             let _ = writeln!(
                 s,
                 "    → route {}: event_type {} → {what}",
                 i + 1,
                 r.event_type
+            );
+        }
+        for m in &p.map_ids {
+            let _ = writeln!(
+                s,
+                "    → map {} ({}) to {} id in field {}; pending-create when unknown",
+                m.field, m.from_system, m.to_system, m.into
             );
         }
         let out_key = p.output.key.as_ref().map_or_else(
@@ -72,6 +82,13 @@ pub fn describe(t: &Topology) -> String {
                 p.input_topic
             );
         }
+    }
+    if let Some(m) = &t.id_mapping {
+        let _ = writeln!(
+            s,
+            "\nglobal ID-mapping store ← topic {} (compacted, read in full by every instance)",
+            m.topic
+        );
     }
     let _ = writeln!(s, "\ndead letters → topic {}", t.dead_letter_topic);
     s

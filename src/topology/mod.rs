@@ -29,6 +29,30 @@ pub struct Topology {
     pub pipelines: Vec<Pipeline>,
     /// Where bad records go.
     pub dead_letter_topic: String,
+    /// The global ID-mapping store, when a pipeline maps or records ids.
+    pub id_mapping: Option<IdMapping>,
+}
+
+/// The compacted topic behind the global ID-mapping store.
+#[derive(Debug, Clone)]
+pub struct IdMapping {
+    /// The mappings topic.
+    pub topic: String,
+    /// Its partition count when tally creates it.
+    pub partitions: i32,
+}
+
+/// One `map_ids` entry: enrich events from `from_system` with `to_system`'s id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapIds {
+    /// Field holding the `from_system` id.
+    pub field: String,
+    /// The system the event's id belongs to.
+    pub from_system: String,
+    /// The system whose id the output needs.
+    pub to_system: String,
+    /// Output field receiving the `to_system` id (null while pending-create).
+    pub into: String,
 }
 
 /// How to reach Kafka.
@@ -73,6 +97,8 @@ pub struct Pipeline {
     pub correlation: CorrelationSpec,
     /// Re-keying through an internal topic before the strategies run.
     pub repartition: Option<Repartition>,
+    /// Ids to map into the output, looked up in the global store.
+    pub map_ids: Vec<MapIds>,
     /// Strategy per event type, first match wins.
     pub routes: Vec<Route>,
     /// Output topic and key.
@@ -147,6 +173,8 @@ pub enum Strategy {
         /// Largest merged state; an increment that would exceed it is dead-lettered.
         max_state_bytes: usize,
     },
+    /// Record "created" write-backs in the ID-mapping store, first write wins.
+    RecordMapping,
 }
 
 /// What a `merge` route writes to the output.
@@ -167,6 +195,8 @@ pub enum StoreKind {
     Versions,
     /// Merged state per entity (`merge`).
     Merged,
+    /// Recorded id links (`record_mapping`).
+    Links,
 }
 
 impl StoreKind {
@@ -176,6 +206,7 @@ impl StoreKind {
             StoreKind::Dedup => "dedup",
             StoreKind::Versions => "versions",
             StoreKind::Merged => "merged",
+            StoreKind::Links => "links",
         }
     }
 }
@@ -187,13 +218,14 @@ impl Strategy {
             Strategy::Ignore { .. } => StoreKind::Dedup,
             Strategy::Overwrite { .. } => StoreKind::Versions,
             Strategy::Merge { .. } => StoreKind::Merged,
+            Strategy::RecordMapping => StoreKind::Links,
         }
     }
 
     /// The entity key template, for strategies that keep per-entity state.
     pub fn entity(&self) -> Option<&KeyTemplate> {
         match self {
-            Strategy::Ignore { .. } => None,
+            Strategy::Ignore { .. } | Strategy::RecordMapping => None,
             Strategy::Overwrite { entity, .. } | Strategy::Merge { entity, .. } => Some(entity),
         }
     }
