@@ -23,7 +23,7 @@ pub fn run(path: &Path, instance_id: &str) -> Result<()> {
         tokio::spawn(stop_on_signal(shutdown.clone()));
         engine::run(topology.clone(), instance_id, metrics.clone(), shutdown).await
     })?;
-    log_totals(&topology, &metrics.totals(&pipeline_names(&topology)));
+    log_totals(&topology, &metrics);
     Ok(())
 }
 
@@ -32,7 +32,8 @@ pub fn pipeline_names(t: &Topology) -> Vec<String> {
     t.pipelines.iter().map(|p| p.name.clone()).collect()
 }
 
-fn log_totals(t: &Topology, totals: &Totals) {
+fn log_totals(t: &Topology, metrics: &Metrics) {
+    let totals: Totals = metrics.totals(&pipeline_names(t));
     let reasons: Vec<String> = totals
         .dead_lettered
         .iter()
@@ -47,6 +48,8 @@ fn log_totals(t: &Topology, totals: &Totals) {
         stale = totals.stale,
         dead_lettered = totals.dead_lettered_total(),
         dead_letter_reasons = %reasons.join(","),
+        idmap_mappings = metrics.idmap_mappings.get(),
+        idmap_pending = metrics.idmap_pending.get(),
         "tally stopped"
     );
 }

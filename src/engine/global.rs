@@ -92,6 +92,7 @@ pub fn start(
                     last_gauge = Instant::now();
                 }
             }
+            publish(&global, &metrics);
         })
         .context("starting the ID-mapping reader thread")?;
     Ok(handle)

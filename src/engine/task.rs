@@ -267,21 +267,18 @@ impl Task {
                         version,
                         current,
                     } => {
-                        tracing::debug!(
-                            correlation_id = %processed.correlation_id,
-                            idempotency_key = %idempotency_key,
-                            version,
-                            current,
-                            "stale version dropped"
-                        );
+                        if tracing::enabled!(tracing::Level::DEBUG) {
+                            event_span(&processed.correlation_id, Some(idempotency_key)).in_scope(
+                                || tracing::debug!(version, current, "stale version dropped"),
+                            );
+                        }
                         self.counts.stale += 1;
                     }
                     Decision::Duplicate { idempotency_key } => {
-                        tracing::debug!(
-                            correlation_id = %processed.correlation_id,
-                            idempotency_key = %idempotency_key,
-                            "duplicate dropped"
-                        );
+                        if tracing::enabled!(tracing::Level::DEBUG) {
+                            event_span(&processed.correlation_id, Some(idempotency_key))
+                                .in_scope(|| tracing::debug!("duplicate dropped"));
+                        }
                         self.counts.duplicates += 1;
                     }
                     Decision::Reject(_) => {}
@@ -375,15 +372,16 @@ fn dead_letter(
             msg.offset().to_string(),
         ),
     };
-    tracing::warn!(
-        correlation_id = %processed.correlation_id,
-        reason = %reason,
-        detail = %detail,
-        topic = %src_topic,
-        partition = %src_partition,
-        offset = %src_offset,
-        "record dead-lettered"
-    );
+    event_span(&processed.correlation_id, None).in_scope(|| {
+        tracing::warn!(
+            reason = %reason,
+            detail = %detail,
+            topic = %src_topic,
+            partition = %src_partition,
+            offset = %src_offset,
+            "record dead-lettered"
+        )
+    });
     let headers = copy_headers(msg, correlation_header)
         .insert(header(correlation_header, &processed.correlation_id))
         .insert(header(REASON_HEADER, reason.as_str()))
@@ -402,6 +400,11 @@ fn dead_letter(
         .map_err(ProcessError::Kafka)?;
     *counts.dead_lettered.entry(*reason).or_default() += 1;
     Ok(())
+}
+
+/// The span of every log line about one event, so its correlation id is on each line.
+fn event_span(correlation_id: &str, idempotency_key: Option<&str>) -> tracing::Span {
+    tracing::info_span!("event", correlation_id, idempotency_key)
 }
 
 fn header_text<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {

@@ -25,6 +25,8 @@ pub struct Names {
     pub input: String,
     pub output: String,
     pub dlq: String,
+    pub writeback: String,
+    pub mappings: String,
 }
 
 impl Names {
@@ -39,6 +41,8 @@ impl Names {
             input: format!("in-{id}"),
             output: format!("out-{id}"),
             dlq: format!("dlq-{id}"),
+            writeback: format!("wb-{id}"),
+            mappings: format!("map-{id}"),
         }
     }
 
@@ -264,6 +268,8 @@ impl Tally {
             ("TALLY_INPUT_TOPIC", names.input.clone()),
             ("TALLY_OUTPUT_TOPIC", names.output.clone()),
             ("TALLY_DLQ_TOPIC", names.dlq.clone()),
+            ("TALLY_WRITEBACK_TOPIC", names.writeback.clone()),
+            ("TALLY_MAPPING_TOPIC", names.mappings.clone()),
         ];
         Self::start_with_env(
             &path,
