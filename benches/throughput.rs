@@ -22,11 +22,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let names = Names::new("bench");
-    create_topics(&[
-        (&names.input, partitions),
-        (&names.output, partitions),
-        (&names.dlq, 1),
-    ]);
+    create_topics(&[(&names.input, partitions), (&names.output, partitions), (&names.dlq, 1)]);
     let gen = generator::payments(business_events, 0, 0, 99);
     let records = gen.records.len();
     let t = Instant::now();

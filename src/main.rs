@@ -57,10 +57,7 @@ fn main() -> ExitCode {
     };
     commands::logging::init(cli.log_json, filter);
     let result = match cli.command {
-        Command::Run {
-            topology,
-            instance_id,
-        } => {
+        Command::Run { topology, instance_id } => {
             let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
             commands::run::run(&topology, &id).map(|()| true)
         }

@@ -29,6 +29,8 @@ pub struct Metrics {
     pub restored_records: IntCounterVec,
     /// Rebalance events seen by stream threads.
     pub rebalances: IntCounter,
+    /// Dedup keys deleted by expiry, per pipeline.
+    pub expired_keys: IntCounterVec,
     /// Events emitted pending-create, per pipeline.
     pub pending_created: IntCounterVec,
     /// Id links in the global ID-mapping store.
@@ -64,17 +66,12 @@ impl Metrics {
     pub fn new(application_id: &str) -> prometheus::Result<Self> {
         let labels = [("application_id".to_string(), application_id.to_string())].into();
         let registry = Registry::new_custom(Some("tally".into()), Some(labels))?;
-        let counter_vec =
-            |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
-                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-                registry.register(Box::new(c.clone()))?;
-                Ok(c)
-            };
-        let records_in = counter_vec(
-            "records_in_total",
-            "Records consumed and committed",
-            &["pipeline"],
-        )?;
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntCounterVec> {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let records_in = counter_vec("records_in_total", "Records consumed and committed", &["pipeline"])?;
         let records_repartitioned = counter_vec(
             "records_repartitioned_total",
             "Records forwarded through a repartition topic",
@@ -85,16 +82,8 @@ impl Metrics {
             "Records written to the output topic",
             &["pipeline"],
         )?;
-        let duplicates = counter_vec(
-            "duplicates_total",
-            "Records dropped as duplicates",
-            &["pipeline"],
-        )?;
-        let stale = counter_vec(
-            "stale_total",
-            "Records dropped as stale versions",
-            &["pipeline"],
-        )?;
+        let duplicates = counter_vec("duplicates_total", "Records dropped as duplicates", &["pipeline"])?;
+        let stale = counter_vec("stale_total", "Records dropped as stale versions", &["pipeline"])?;
         let dead_lettered = counter_vec(
             "dead_lettered_total",
             "Records sent to the dead-letter topic",
@@ -104,6 +93,11 @@ impl Metrics {
             "restored_records_total",
             "Changelog records applied while restoring",
             &["store"],
+        )?;
+        let expired_keys = counter_vec(
+            "expired_keys_total",
+            "Dedup keys deleted after their retention",
+            &["pipeline"],
         )?;
         let pending_created = counter_vec(
             "pending_create_total",
@@ -115,12 +109,8 @@ impl Metrics {
             registry.register(Box::new(c.clone()))?;
             Ok(c)
         };
-        let transactions_committed = counter(
-            "transactions_committed_total",
-            "Committed Kafka transactions",
-        )?;
-        let transactions_aborted =
-            counter("transactions_aborted_total", "Aborted Kafka transactions")?;
+        let transactions_committed = counter("transactions_committed_total", "Committed Kafka transactions")?;
+        let transactions_aborted = counter("transactions_aborted_total", "Aborted Kafka transactions")?;
         let rebalances = counter("rebalances_total", "Partition assignment changes seen")?;
         let commit_latency = Histogram::with_opts(
             HistogramOpts::new(
@@ -130,8 +120,7 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
         )?;
         registry.register(Box::new(commit_latency.clone()))?;
-        let idmap_mappings =
-            IntGauge::new("idmap_mappings", "Id links in the global ID-mapping store")?;
+        let idmap_mappings = IntGauge::new("idmap_mappings", "Id links in the global ID-mapping store")?;
         registry.register(Box::new(idmap_mappings.clone()))?;
         let idmap_pending = IntGauge::new(
             "idmap_pending",
@@ -151,6 +140,7 @@ impl Metrics {
             commit_latency,
             restored_records,
             rebalances,
+            expired_keys,
             pending_created,
             idmap_mappings,
             idmap_pending,
@@ -171,10 +161,7 @@ impl Metrics {
             t.duplicates += self.duplicates.with_label_values(&[p]).get();
             t.stale += self.stale.with_label_values(&[p]).get();
             for r in Reason::ALL {
-                let n = self
-                    .dead_lettered
-                    .with_label_values(&[p.as_str(), r.as_str()])
-                    .get();
+                let n = self.dead_lettered.with_label_values(&[p.as_str(), r.as_str()]).get();
                 *t.dead_lettered.entry(r.as_str()).or_default() += n;
             }
         }

@@ -23,11 +23,7 @@ fn every_example_topology_validates_and_describes() {
         .chain(files.iter().map(String::as_str))
         .collect();
     let out = tally(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     for f in &files {
         let out = tally(&["describe", f]);
         assert!(out.status.success());
@@ -82,10 +78,7 @@ dead_letter: { topic: dlq }
         let hit = err
             .lines()
             .any(|l| l.contains(&format!("bad.yaml:{line}:")) && l.contains(needle));
-        assert!(
-            hit,
-            "expected a problem on line {line} about `{needle}` in:\n{err}"
-        );
+        assert!(hit, "expected a problem on line {line} about `{needle}` in:\n{err}");
     }
     assert!(err.contains("9 problems"), "{err}");
 }

@@ -23,11 +23,7 @@ fn assert_exactly_once(output: &[rdkafka::message::OwnedMessage], expected: &[St
         .take(5)
         .collect();
     assert!(missing.is_empty(), "keys never emitted, e.g. {missing:?}");
-    let ghosts: Vec<_> = seen
-        .keys()
-        .filter(|k| !expected.contains(k))
-        .take(5)
-        .collect();
+    let ghosts: Vec<_> = seen.keys().filter(|k| !expected.contains(k)).take(5).collect();
     assert!(ghosts.is_empty(), "outputs with no input, e.g. {ghosts:?}");
     assert_eq!(output.len(), expected.len());
 }
@@ -51,28 +47,16 @@ fn repeated_and_repushed_events_come_out_once_each() {
     // The example topology file itself, pointed at this test's topics.
     let dir = tempfile::tempdir().expect("tempdir");
     let tally = Tally::start_example("payments.yaml", &names, dir.path(), "i1");
-    let got = wait_for_count(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(120),
-    );
+    let got = wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(120));
     assert_eq!(got, gen.expected_keys.len(), "output count before stop");
     let lines = tally.stop();
 
-    let output = read_committed(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(20),
-    );
+    let output = read_committed(&names.output, gen.expected_keys.len(), Duration::from_secs(20));
     assert_exactly_once(&output, &gen.expected_keys);
     // The correlation id travels from the payload field to an output header.
     for m in &output {
-        let v: serde_json::Value =
-            serde_json::from_slice(m.payload().expect("payload")).expect("json");
-        assert_eq!(
-            header(m, "correlation_id").as_deref(),
-            v["correlation_id"].as_str()
-        );
+        let v: serde_json::Value = serde_json::from_slice(m.payload().expect("payload")).expect("json");
+        assert_eq!(header(m, "correlation_id").as_deref(), v["correlation_id"].as_str());
         assert_eq!(header(m, "tally.idempotency_key"), Some(business_key(m)));
     }
     let stopped = events(&lines, "tally stopped");
@@ -92,26 +76,14 @@ fn without_repartition_repushed_duplicates_on_other_partitions_leak() {
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = write_topology_with(dir.path(), &names, 65536, false);
     let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
-    let lines_before_stop = wait_for_count(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(120),
-    );
+    let lines_before_stop = wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(120));
     assert!(lines_before_stop >= gen.expected_keys.len());
     let lines = tally.stop();
     let s = events(&lines, "tally stopped")[0];
     assert_eq!(s["records_in"], gen.records.len() as u64);
-    let output = read_committed(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(20),
-    );
+    let output = read_committed(&names.output, gen.expected_keys.len(), Duration::from_secs(20));
     let unique: BTreeSet<String> = output.iter().map(business_key).collect();
-    assert_eq!(
-        unique.len(),
-        gen.expected_keys.len(),
-        "every key still arrives"
-    );
+    assert_eq!(unique.len(), gen.expected_keys.len(), "every key still arrives");
     assert!(
         output.len() > gen.expected_keys.len(),
         "without repartition some duplicates must leak ({} outputs for {} keys)",
@@ -139,11 +111,7 @@ fn bad_records_go_to_the_dead_letter_topic_and_counts_add_up() {
     let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
     let got = wait_for_count(&names.dlq, poison_total as usize, Duration::from_secs(120));
     assert_eq!(got as u64, poison_total);
-    wait_for_count(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(60),
-    );
+    wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(60));
     let lines = tally.stop();
 
     let dlq = read_committed(&names.dlq, poison_total as usize, Duration::from_secs(20));
@@ -162,10 +130,7 @@ fn bad_records_go_to_the_dead_letter_topic_and_counts_add_up() {
             poison_payloads.contains(m.payload().expect("original bytes")),
             "DLQ keeps the original bytes"
         );
-        assert_eq!(
-            header(m, "tally.source.topic").as_deref(),
-            Some(names.input.as_str())
-        );
+        assert_eq!(header(m, "tally.source.topic").as_deref(), Some(names.input.as_str()));
         assert!(header(m, "tally.source.offset").is_some_and(|o| o.parse::<i64>().is_ok()));
         assert!(
             header(m, "message_id").is_some_and(|id| id.starts_with("poison-")),
@@ -174,18 +139,10 @@ fn bad_records_go_to_the_dead_letter_topic_and_counts_add_up() {
         assert!(header(m, "tally.error.detail").is_some());
         assert!(header(m, "correlation_id").is_some());
     }
-    let expected: BTreeMap<String, u64> = gen
-        .poison
-        .iter()
-        .map(|(k, v)| (k.to_string(), *v))
-        .collect();
+    let expected: BTreeMap<String, u64> = gen.poison.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     assert_eq!(reasons, expected);
 
-    let output = read_committed(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(20),
-    );
+    let output = read_committed(&names.output, gen.expected_keys.len(), Duration::from_secs(20));
     assert_exactly_once(&output, &gen.expected_keys);
     let s = events(&lines, "tally stopped")[0];
     let (input, out, dup, dead) = (
@@ -197,11 +154,7 @@ fn bad_records_go_to_the_dead_letter_topic_and_counts_add_up() {
     assert_eq!(input, gen.records.len() as u64);
     assert_eq!(out, gen.expected_keys.len() as u64);
     assert_eq!(dead, poison_total);
-    assert_eq!(
-        input,
-        out + dup + dead,
-        "input = out + duplicates + dead-lettered"
-    );
+    assert_eq!(input, out + dup + dead, "input = out + duplicates + dead-lettered");
 }
 
 #[test]
@@ -215,35 +168,22 @@ fn sigkill_mid_run_then_restart_loses_nothing_and_restores_only_the_tail() {
     // Input keeps arriving while the first instance runs, so the kill lands mid-transaction.
     let first = Tally::start(&topology, "i1", dir.path().join("first.log"));
     let (input, records) = (names.input.clone(), gen.records.clone());
-    let writer = std::thread::spawn(move || {
-        produce_paced(&input, &records, 2_000, Duration::from_millis(300))
-    });
+    let writer = std::thread::spawn(move || produce_paced(&input, &records, 2_000, Duration::from_millis(300)));
     let target = gen.expected_keys.len() / 5;
     let got = wait_for_count(&names.output, target, Duration::from_secs(120));
     assert!(got >= target, "first run made progress ({got})");
     first.kill();
     writer.join().expect("writer");
     let partial = read_committed(&names.output, 0, Duration::from_secs(10)).len();
-    assert!(
-        partial < gen.expected_keys.len(),
-        "killed before the end ({partial})"
-    );
+    assert!(partial < gen.expected_keys.len(), "killed before the end ({partial})");
     // What the first instance committed to the changelog; its open transaction stays invisible.
     let changelog = read_committed(&names.changelog("payments"), 0, Duration::from_secs(20));
 
     let second = Tally::start(&topology, "i1", dir.path().join("second.log"));
-    let got = wait_for_count(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(180),
-    );
+    let got = wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(180));
     assert_eq!(got, gen.expected_keys.len());
     let lines = second.stop();
-    let output = read_committed(
-        &names.output,
-        gen.expected_keys.len(),
-        Duration::from_secs(20),
-    );
+    let output = read_committed(&names.output, gen.expected_keys.len(), Duration::from_secs(20));
     assert_exactly_once(&output, &gen.expected_keys);
 
     // Restore: each partition resumed from its recorded changelog offset (no wipe, no full
@@ -253,10 +193,7 @@ fn sigkill_mid_run_then_restart_loses_nothing_and_restores_only_the_tail() {
     for r in restores {
         let partition = r["partition"].as_i64().expect("partition") as i32;
         let from = r["from_offset"].as_i64().expect("from_offset");
-        assert!(
-            from > 0,
-            "partition {partition} had a recorded offset: no full restore"
-        );
+        assert!(from > 0, "partition {partition} had a recorded offset: no full restore");
         assert_eq!(r["wiped"], false);
         let tail = changelog
             .iter()
@@ -266,10 +203,7 @@ fn sigkill_mid_run_then_restart_loses_nothing_and_restores_only_the_tail() {
             .iter()
             .filter(|m| m.partition() == partition && m.offset() < from)
             .count();
-        assert!(
-            written_before > 0,
-            "the store kept what it had before the kill"
-        );
+        assert!(written_before > 0, "the store kept what it had before the kill");
         assert_eq!(
             r["restored"].as_u64(),
             Some(tail),

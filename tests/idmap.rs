@@ -37,10 +37,7 @@ fn mappings(topic: &str) -> (BTreeMap<String, Option<String>>, BTreeMap<String, 
     for m in read_committed(topic, 0, Duration::from_secs(10)) {
         let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
         *writes.entry(key.clone()).or_insert(0) += 1;
-        last.insert(
-            key,
-            m.payload().map(|v| String::from_utf8_lossy(v).into_owned()),
-        );
+        last.insert(key, m.payload().map(|v| String::from_utf8_lossy(v).into_owned()));
     }
     (last, writes)
 }
@@ -60,33 +57,23 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
     let customers = ["CRM-1", "CRM-2", "CRM-3"];
 
     // Phase 1: nobody knows these customers in the ERP yet.
-    let phase1: Vec<_> = (0..30)
-        .map(|i| order(&format!("O-{i:03}"), customers[i % 3]))
-        .collect();
+    let phase1: Vec<_> = (0..30).map(|i| order(&format!("O-{i:03}"), customers[i % 3])).collect();
     produce(&names.input, &phase1);
-    assert_eq!(
-        wait_for_count(&names.output, 30, Duration::from_secs(120)),
-        30
-    );
+    assert_eq!(wait_for_count(&names.output, 30, Duration::from_secs(120)), 30);
     let (map, _) = mappings(&names.mappings);
     let pending: Vec<_> = map
         .iter()
         .filter(|(k, v)| k.starts_with("pending/erp/") && v.is_some())
         .collect();
-    assert_eq!(
-        pending.len(),
-        3,
-        "one pending-create marker per customer: {map:?}"
-    );
+    assert_eq!(pending.len(), 3, "one pending-create marker per customer: {map:?}");
 
-    // The ERP reports what it created; the write-backs are replayed and one conflicts.
+    // The ERP reports what it created; every write-back is delivered twice.
     let mut wbs: Vec<_> = customers
         .iter()
         .enumerate()
         .map(|(i, c)| write_back(c, &format!("ERP-{}", i + 1)))
         .collect();
     wbs.extend(wbs.clone());
-    wbs.push(write_back("CRM-1", "ERP-999"));
     produce(&names.writeback, &wbs);
     let deadline = Instant::now() + Duration::from_secs(60);
     let map = loop {
@@ -99,9 +86,7 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
     };
     let (map, writes) = map;
     for (i, crm) in customers.iter().enumerate() {
-        let internal = map[&format!("ext/crm/{crm}")]
-            .clone()
-            .expect("internal id recorded");
+        let internal = map[&format!("ext/crm/{crm}")].clone().expect("internal id recorded");
         let link = format!("int/{internal}/erp");
         assert_eq!(
             map[&link].as_deref(),
@@ -123,22 +108,36 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
         );
     }
 
+    // Once recorded, a later write-back claiming another ERP id for CRM-1 must change nothing.
+    produce(&names.writeback, &[write_back("CRM-1", "ERP-999")]);
+
     // Phase 2: give every instance's global reader a moment, then new orders.
     std::thread::sleep(Duration::from_secs(2));
     let phase2: Vec<_> = (30..60)
         .map(|i| order(&format!("O-{i:03}"), customers[i % 3]))
         .collect();
     produce(&names.input, &phase2);
-    assert_eq!(
-        wait_for_count(&names.output, 60, Duration::from_secs(120)),
-        60
-    );
+    assert_eq!(wait_for_count(&names.output, 60, Duration::from_secs(120)), 60);
+    std::thread::sleep(Duration::from_secs(2));
     let la = a.stop();
     let lb = b.stop();
+    let consumed: u64 = [&la, &lb]
+        .iter()
+        .map(|l| events(l, "tally stopped")[0]["records_in"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(consumed, 60 + 7, "every order and write-back was processed");
+    let (map, writes) = mappings(&names.mappings);
+    let internal = map["ext/crm/CRM-1"].clone().expect("internal id");
+    assert_eq!(
+        map[&format!("int/{internal}/erp")].as_deref(),
+        Some("ERP-1"),
+        "the later write-back lost"
+    );
+    assert_eq!(writes[&format!("int/{internal}/erp")], 1);
+    assert!(!map.contains_key("ext/erp/ERP-999"));
 
     for m in read_committed(&names.output, 60, Duration::from_secs(20)) {
-        let v: serde_json::Value =
-            serde_json::from_slice(m.payload().expect("payload")).expect("json");
+        let v: serde_json::Value = serde_json::from_slice(m.payload().expect("payload")).expect("json");
         let n: usize = v["order_id"].as_str().expect("order_id")[2..]
             .parse()
             .expect("order number");

@@ -88,10 +88,7 @@ fn entity_sync_is_version_ordered_per_entity_across_a_restart_and_stale_matches_
         "bad".into(),
         entity_update("C-0000", serde_json::json!("seventeen")),
     ));
-    phase1.push(record(
-        "bad".into(),
-        entity_update("C-0001", serde_json::json!(2.5)),
-    ));
+    phase1.push(record("bad".into(), entity_update("C-0001", serde_json::json!(2.5))));
     produce(&names.input, &phase1);
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -116,10 +113,7 @@ fn entity_sync_is_version_ordered_per_entity_across_a_restart_and_stale_matches_
         }
         if i % 3 == 0 {
             *max += 1;
-            phase2.push(record(
-                id.clone(),
-                entity_update(id, serde_json::json!(*max)),
-            ));
+            phase2.push(record(id.clone(), entity_update(id, serde_json::json!(*max))));
             model_out += 1;
         }
     }
@@ -157,18 +151,11 @@ fn entity_sync_is_version_ordered_per_entity_across_a_restart_and_stale_matches_
             versions.windows(2).all(|w| w[0] < w[1]),
             "{id}: versions not strictly increasing: {versions:?}"
         );
-        assert_eq!(
-            versions.last(),
-            max_version.get(id),
-            "{id} ends at its highest version"
-        );
+        assert_eq!(versions.last(), max_version.get(id), "{id} ends at its highest version");
     }
     assert_eq!(per_entity.len(), max_version.len());
-    let summary = |lines: &[serde_json::Value], field: &str| {
-        events(lines, "tally stopped")[0][field]
-            .as_u64()
-            .expect(field)
-    };
+    let summary =
+        |lines: &[serde_json::Value], field: &str| events(lines, "tally stopped")[0][field].as_u64().expect(field);
     assert_eq!(
         summary(&lines1, "stale") + summary(&lines2, "stale"),
         model_stale,
@@ -196,20 +183,14 @@ fn merge_applies_each_increment_once_whatever_the_redeliveries() {
         let cart = format!("CART-{c:03}");
         for l in 0..rng.random_range(2..=6) {
             let line = format!("{cart}-L{l}");
-            lines_of
-                .entry(cart.clone())
-                .or_default()
-                .insert(line.clone());
+            lines_of.entry(cart.clone()).or_default().insert(line.clone());
             let payload = serde_json::json!({
                 "event_type": "cart.line_added", "cart_id": cart, "line_id": line,
                 "sku": format!("SKU-{}", rng.random_range(1..500)), "qty": rng.random_range(1..4)
             });
             // Each increment delivered 1-3 times, under any message key.
             for _ in 0..rng.random_range(1..=3) {
-                input.push(record(
-                    format!("k-{}", rng.random::<u32>()),
-                    payload.clone(),
-                ));
+                input.push(record(format!("k-{}", rng.random::<u32>()), payload.clone()));
             }
         }
     }
@@ -226,11 +207,7 @@ fn merge_applies_each_increment_once_whatever_the_redeliveries() {
     let lines = tally.stop();
 
     let output = read_committed(&names.output, distinct, Duration::from_secs(20));
-    assert_eq!(
-        output.len(),
-        distinct,
-        "one merged state per accepted increment"
-    );
+    assert_eq!(output.len(), distinct, "one merged state per accepted increment");
     let mut last_state: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     for m in &output {
         let state = json(m);
@@ -254,16 +231,10 @@ fn merge_applies_each_increment_once_whatever_the_redeliveries() {
             .iter()
             .map(|l| l["line_id"].as_str().expect("line_id").to_string())
             .collect();
-        assert_eq!(
-            &got, expected,
-            "{cart}: merged state = each increment applied once"
-        );
+        assert_eq!(&got, expected, "{cart}: merged state = each increment applied once");
     }
     let s = events(&lines, "tally stopped")[0];
-    assert_eq!(
-        s["duplicates"].as_u64(),
-        Some((input.len() - distinct) as u64)
-    );
+    assert_eq!(s["duplicates"].as_u64(), Some((input.len() - distinct) as u64));
 }
 
 #[test]
@@ -284,10 +255,7 @@ fn inventory_adjustments_come_out_once_per_sku_warehouse_batch() {
             "event_type": "inventory.adjusted", "sku": sku, "warehouse": wh, "batch": batch, "delta": -5
         });
         for _ in 0..rng.random_range(1..=3) {
-            input.push(record(
-                format!("m-{}", rng.random::<u32>()),
-                payload.clone(),
-            ));
+            input.push(record(format!("m-{}", rng.random::<u32>()), payload.clone()));
         }
     }
     input.shuffle(&mut rng);

@@ -8,8 +8,7 @@ pub const DEFAULT_FILTER: &str = "info,librdkafka=warn,rdkafka=warn";
 /// Installs the global subscriber; `json` selects one JSON object per line, `default_filter`
 /// applies when `RUST_LOG` is unset.
 pub fn init(json: bool, default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

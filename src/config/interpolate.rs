@@ -14,10 +14,7 @@ pub struct Unresolved {
 /// Replaces `${NAME}` and `${NAME:-default}` using `lookup`; `$$` stands for a literal `$`.
 ///
 /// Line structure is preserved, so YAML locations still point into the original file.
-pub fn interpolate(
-    text: &str,
-    lookup: impl Fn(&str) -> Option<String>,
-) -> (String, Vec<Unresolved>) {
+pub fn interpolate(text: &str, lookup: impl Fn(&str) -> Option<String>) -> (String, Vec<Unresolved>) {
     let mut out = String::with_capacity(text.len());
     let mut problems = Vec::new();
     for (line_no, line) in text.split_inclusive('\n').enumerate() {
@@ -43,8 +40,7 @@ pub fn interpolate(
                 problems.push(Unresolved {
                     line: line_no as u64 + 1,
                     column,
-                    message: "`${` is never closed with `}`; write `$${` for a literal `${`"
-                        .to_string(),
+                    message: "`${` is never closed with `}`; write `$${` for a literal `${`".to_string(),
                 });
                 out.push_str(&rest[pos..]);
                 rest = "";

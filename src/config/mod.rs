@@ -25,11 +25,7 @@ pub fn load_file(path: &Path) -> Result<Topology, ConfigError> {
 }
 
 /// Validates topology text; `file` names it in messages, `env` resolves `${VAR}`.
-pub fn load_str(
-    file: &str,
-    text: &str,
-    env: impl Fn(&str) -> Option<String>,
-) -> Result<Topology, ConfigError> {
+pub fn load_str(file: &str, text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Topology, ConfigError> {
     let mut c = Collector::new(file);
     let (text, unresolved) = interpolate::interpolate(text, env);
     for u in unresolved {

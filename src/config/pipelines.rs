@@ -13,11 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 type RawPipelines = Spanned<Vec<Spanned<RawPipeline>>>;
 
 /// Validates `pipelines:`, each against what it may refer to.
-pub(super) fn pipelines(
-    c: &mut Collector,
-    raw: Option<RawPipelines>,
-    known: &Known<'_>,
-) -> Option<Vec<Pipeline>> {
+pub(super) fn pipelines(c: &mut Collector, raw: Option<RawPipelines>, known: &Known<'_>) -> Option<Vec<Pipeline>> {
     let Some(raw) = raw.filter(|p| !p.value.is_empty()) else {
         c.at(0, 0, "`pipelines` must define at least one pipeline");
         return None;
@@ -28,18 +24,28 @@ pub(super) fn pipelines(
     let mut used_sources: BTreeMap<String, String> = BTreeMap::new();
     for (i, p) in raw.value.into_iter().enumerate() {
         let at = p.referenced;
-        let label = p.value.name.as_ref().map_or_else(
-            || format!("pipeline {}", i + 1),
-            |n| format!("pipeline `{}`", n.value),
-        );
+        let label = p
+            .value
+            .name
+            .as_ref()
+            .map_or_else(|| format!("pipeline {}", i + 1), |n| format!("pipeline `{}`", n.value));
         match pipeline(c, p.value, at, &label, known) {
             Some(pipe) => {
                 if !names.insert(pipe.name.clone()) {
-                    c.at_loc(at, format!("{label}: the name is used by an earlier pipeline; names must be unique"));
+                    c.at_loc(
+                        at,
+                        format!("{label}: the name is used by an earlier pipeline; names must be unique"),
+                    );
                     ok = false;
                 }
                 if let Some(other) = used_sources.insert(pipe.source.clone(), pipe.name.clone()) {
-                    c.at_loc(at, format!("{label}: source `{}` is already read by pipeline `{other}`; one pipeline per source", pipe.source));
+                    c.at_loc(
+                        at,
+                        format!(
+                            "{label}: source `{}` is already read by pipeline `{other}`; one pipeline per source",
+                            pipe.source
+                        ),
+                    );
                     ok = false;
                 }
                 out.push(pipe);
@@ -50,13 +56,7 @@ pub(super) fn pipelines(
     ok.then_some(out)
 }
 
-fn pipeline(
-    c: &mut Collector,
-    p: RawPipeline,
-    at: Location,
-    label: &str,
-    known: &Known<'_>,
-) -> Option<Pipeline> {
+fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known: &Known<'_>) -> Option<Pipeline> {
     let (sources, application_id) = (known.sources, known.application_id);
     let name = required(c, p.name, Some(at), &format!("{label} needs a `name`"))
         .and_then(|n| kafka_name(c, &n, "pipelines.name"));
@@ -84,8 +84,13 @@ fn pipeline(
         },
         _ => None,
     };
-    let key = required(c, p.key, Some(at), &format!("{label} needs `key`, the business idempotency key template, e.g. \"{{payment_id}}:{{status}}\""))
-        .and_then(|k| template(c, &k, label, "key"));
+    let key = required(
+        c,
+        p.key,
+        Some(at),
+        &format!("{label} needs `key`, the business idempotency key template, e.g. \"{{payment_id}}:{{status}}\""),
+    )
+    .and_then(|k| template(c, &k, label, "key"));
     let correlation = match p.correlation_id {
         None => CorrelationSpec {
             header: Some("correlation_id".into()),
@@ -116,19 +121,17 @@ fn pipeline(
     let routes = match p.routes {
         None => Some(vec![default_route()]),
         Some(rs) if rs.value.is_empty() => {
-            c.at_loc(rs.referenced, format!("{label}: `routes` is empty; remove it to dedup every record with `ignore`, or add a route"));
+            c.at_loc(
+                rs.referenced,
+                format!("{label}: `routes` is empty; remove it to dedup every record with `ignore`, or add a route"),
+            );
             None
         }
         Some(rs) => {
             let mut routes = Vec::new();
             let mut ok = true;
             for (i, r) in rs.value.into_iter().enumerate() {
-                match route(
-                    c,
-                    r.value,
-                    r.referenced,
-                    &format!("{label}, route {}", i + 1),
-                ) {
+                match route(c, r.value, r.referenced, &format!("{label}, route {}", i + 1)) {
                     Some(route) => routes.push(route),
                     None => ok = false,
                 }
@@ -166,9 +169,7 @@ fn pipeline(
                 if t == input {
                     c.at_loc(
                         to.referenced,
-                        format!(
-                            "{label}: output topic `{t}` is its own input; that would loop forever"
-                        ),
+                        format!("{label}: output topic `{t}` is its own input; that would loop forever"),
                     );
                 }
             }
@@ -209,13 +210,16 @@ fn map_ids(c: &mut Collector, raw: Vec<Spanned<RawMapIds>>, label: &str) -> Opti
             into: field(m.value.into, "into"),
         };
         if let Some(on_missing) = m.value.on_missing.filter(|o| o.value != "pending_create") {
-            c.at_loc(on_missing.referenced, format!("{label}: `on_missing: {}` is not offered; unknown ids are marked `pending_create`", on_missing.value));
+            c.at_loc(
+                on_missing.referenced,
+                format!(
+                    "{label}: `on_missing: {}` is not offered; unknown ids are marked `pending_create`",
+                    on_missing.value
+                ),
+            );
             ok = false;
         }
-        for (name, system) in [
-            ("from_system", &spec.from_system),
-            ("to_system", &spec.to_system),
-        ] {
+        for (name, system) in [("from_system", &spec.from_system), ("to_system", &spec.to_system)] {
             if system.contains('/') {
                 c.at_loc(at, format!("{label}: `{name}` may not contain `/`"));
                 ok = false;
@@ -245,11 +249,7 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
             Err(e) => {
                 c.at_loc(
                     p.referenced,
-                    format!(
-                        "{label}: `event_type` glob `{}` is invalid: {}",
-                        p.value,
-                        e.kind()
-                    ),
+                    format!("{label}: `event_type` glob `{}` is invalid: {}", p.value, e.kind()),
                 );
                 None
             }
@@ -276,16 +276,10 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
                         ("retention", r.retention.as_ref().map(|t| t.referenced)),
                         ("entity", r.entity.as_ref().map(|t| t.referenced)),
                         ("version", r.version.as_ref().map(|t| t.referenced)),
-                        (
-                            "increment_id",
-                            r.increment_id.as_ref().map(|t| t.referenced),
-                        ),
+                        ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
                         ("into", r.into.as_ref().map(|t| t.referenced)),
                         ("emit", r.emit.as_ref().map(|t| t.referenced)),
-                        (
-                            "max_state_bytes",
-                            r.max_state_bytes.as_ref().map(|t| t.referenced),
-                        ),
+                        ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
                     ],
                 );
                 Some(Strategy::RecordMapping)
@@ -323,16 +317,10 @@ fn ignore(c: &mut Collector, r: &RawRoute, label: &str) -> Option<Strategy> {
         &[
             ("entity", r.entity.as_ref().map(|t| t.referenced)),
             ("version", r.version.as_ref().map(|t| t.referenced)),
-            (
-                "increment_id",
-                r.increment_id.as_ref().map(|t| t.referenced),
-            ),
+            ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
             ("into", r.into.as_ref().map(|t| t.referenced)),
             ("emit", r.emit.as_ref().map(|t| t.referenced)),
-            (
-                "max_state_bytes",
-                r.max_state_bytes.as_ref().map(|t| t.referenced),
-            ),
+            ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
         ],
     );
     let retention = match &r.retention {
@@ -340,14 +328,17 @@ fn ignore(c: &mut Collector, r: &RawRoute, label: &str) -> Option<Strategy> {
         Some(t) => match humantime::parse_duration(&t.value) {
             Ok(d) if !d.is_zero() => d,
             Ok(_) => {
-                c.at_loc(
-                    t.referenced,
-                    format!("{label}: `retention` must be longer than zero"),
-                );
+                c.at_loc(t.referenced, format!("{label}: `retention` must be longer than zero"));
                 return None;
             }
             Err(e) => {
-                c.at_loc(t.referenced, format!("{label}: `retention: {}` is not a duration ({e}); write e.g. `30d`, `12h`, `90s`", t.value));
+                c.at_loc(
+                    t.referenced,
+                    format!(
+                        "{label}: `retention: {}` is not a duration ({e}); write e.g. `30d`, `12h`, `90s`",
+                        t.value
+                    ),
+                );
                 return None;
             }
         },
@@ -362,16 +353,10 @@ fn overwrite(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Opti
         "overwrite",
         &[
             ("retention", r.retention.as_ref().map(|t| t.referenced)),
-            (
-                "increment_id",
-                r.increment_id.as_ref().map(|t| t.referenced),
-            ),
+            ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
             ("into", r.into.as_ref().map(|t| t.referenced)),
             ("emit", r.emit.as_ref().map(|t| t.referenced)),
-            (
-                "max_state_bytes",
-                r.max_state_bytes.as_ref().map(|t| t.referenced),
-            ),
+            ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
         ],
     );
     let entity = route_template(
@@ -383,15 +368,7 @@ fn overwrite(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Opti
         "entity",
         "\"{entity_type}:{entity_id}\"",
     );
-    let version = route_template(
-        c,
-        &r.version,
-        at,
-        label,
-        "overwrite",
-        "version",
-        "\"{version}\"",
-    );
+    let version = route_template(c, &r.version, at, label, "overwrite", "version", "\"{version}\"");
     Some(Strategy::Overwrite {
         entity: entity?,
         version: version?,
@@ -409,15 +386,7 @@ fn merge(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Option<S
         ],
     );
     let entity = route_template(c, &r.entity, at, label, "merge", "entity", "\"{cart_id}\"");
-    let increment_id = route_template(
-        c,
-        &r.increment_id,
-        at,
-        label,
-        "merge",
-        "increment_id",
-        "\"{line_id}\"",
-    );
+    let increment_id = route_template(c, &r.increment_id, at, label, "merge", "increment_id", "\"{line_id}\"");
     let emit = match r.emit.as_ref().map(|e| (e.value.as_str(), e.referenced)) {
         None | Some(("state", _)) => Some(MergeEmit::State),
         Some(("increment", _)) => Some(MergeEmit::Increment),
@@ -464,7 +433,10 @@ fn route_template(
 ) -> Option<KeyTemplate> {
     match value {
         None => {
-            c.at_loc(at, format!("{label} uses strategy `{strategy}` but has no `{field}` template (e.g. {example})"));
+            c.at_loc(
+                at,
+                format!("{label} uses strategy `{strategy}` but has no `{field}` template (e.g. {example})"),
+            );
             None
         }
         Some(t) => template(c, t, label, field),
@@ -475,10 +447,7 @@ fn template(c: &mut Collector, t: &Text, label: &str, what: &str) -> Option<KeyT
     match t.value.parse() {
         Ok(k) => Some(k),
         Err(e) => {
-            c.at_loc(
-                t.referenced,
-                format!("{label}: `{what}` template `{}`: {e}", t.value),
-            );
+            c.at_loc(t.referenced, format!("{label}: `{what}` template `{}`: {e}", t.value));
             None
         }
     }

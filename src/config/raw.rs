@@ -72,13 +72,15 @@ impl Scalar {
 }
 
 /// `processing:`
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawProcessing {
     pub guarantee: Option<Text>,
     pub commit_interval_ms: Option<Spanned<u64>>,
     pub threads: Option<Spanned<u64>>,
     pub max_record_bytes: Option<Spanned<u64>>,
+    pub static_membership: Option<Spanned<bool>>,
+    pub expiry_scan_interval_ms: Option<Spanned<u64>>,
 }
 
 /// `state:`

@@ -31,20 +31,11 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
 
     let kafka = match raw.kafka {
         None => {
-            c.at(
-                0,
-                0,
-                "`kafka` section is required (at least `bootstrap_servers`)",
-            );
+            c.at(0, 0, "`kafka` section is required (at least `bootstrap_servers`)");
             None
         }
         Some(k) => {
-            let bootstrap = required(
-                c,
-                k.bootstrap_servers,
-                None,
-                "`kafka.bootstrap_servers` is required",
-            );
+            let bootstrap = required(c, k.bootstrap_servers, None, "`kafka.bootstrap_servers` is required");
             let mut properties = BTreeMap::new();
             for (name, value) in k.properties {
                 if RESERVED_PROPERTIES.contains(&name.as_str()) {
@@ -74,21 +65,19 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
     let known = Known {
         sources: sources.as_ref(),
         application_id: application_id.as_deref(),
-        mapping_topic: id_mapping
-            .as_ref()
-            .and_then(|m| m.as_ref())
-            .map(|m| m.topic.as_str()),
+        mapping_topic: id_mapping.as_ref().and_then(|m| m.as_ref()).map(|m| m.topic.as_str()),
     };
     let pipelines = super::pipelines::pipelines(c, raw.pipelines, &known);
     if let Some(pipes) = &pipelines {
-        let needs_mapping = pipes.iter().any(|p| {
-            !p.map_ids.is_empty()
-                || p.routes
-                    .iter()
-                    .any(|r| r.strategy == Strategy::RecordMapping)
-        });
+        let needs_mapping = pipes
+            .iter()
+            .any(|p| !p.map_ids.is_empty() || p.routes.iter().any(|r| r.strategy == Strategy::RecordMapping));
         if needs_mapping && id_mapping.is_none() {
-            c.at(0, 0, "a pipeline uses `map_ids` or `record_mapping` but there is no `id_mapping: { topic: … }` section");
+            c.at(
+                0,
+                0,
+                "a pipeline uses `map_ids` or `record_mapping` but there is no `id_mapping: { topic: … }` section",
+            );
         }
     }
 
@@ -101,19 +90,21 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
             );
             None
         }
-        Some(d) => required(
-            c,
-            d.value.topic,
-            Some(d.referenced),
-            "`dead_letter.topic` is required",
-        )
-        .and_then(|t| kafka_name(c, &t, "dead_letter.topic")),
+        Some(d) => required(c, d.value.topic, Some(d.referenced), "`dead_letter.topic` is required")
+            .and_then(|t| kafka_name(c, &t, "dead_letter.topic")),
     };
 
     if let (Some(dlq), Some(pipes)) = (&dead_letter_topic, &pipelines) {
         for p in pipes {
             if &p.input_topic == dlq || &p.output.topic == dlq {
-                c.at(0, 0, format!("pipeline `{}` reads or writes the dead-letter topic `{dlq}`; use a topic of its own", p.name));
+                c.at(
+                    0,
+                    0,
+                    format!(
+                        "pipeline `{}` reads or writes the dead-letter topic `{dlq}`; use a topic of its own",
+                        p.name
+                    ),
+                );
             }
         }
     }
@@ -212,42 +203,29 @@ pub(super) fn kafka_name(c: &mut Collector, t: &Text, what: &str) -> Option<Stri
 }
 
 fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Option<Processing> {
-    let Some(p) = raw else {
-        return Some(Processing {
-            commit_interval: Duration::from_millis(100),
-            threads: 1,
-            max_record_bytes: DEFAULT_MAX_RECORD_BYTES as usize,
-        });
-    };
+    let p = raw.unwrap_or_default();
     let mut ok = true;
     if let Some(g) = &p.guarantee {
         if g.value != "exactly_once" {
             c.at_loc(
                 g.referenced,
-                format!(
-                    "guarantee `{}` is not offered; tally runs `exactly_once` only",
-                    g.value
-                ),
+                format!("guarantee `{}` is not offered; tally runs `exactly_once` only", g.value),
             );
             ok = false;
         }
     }
-    let mut bounded =
-        |v: Option<Spanned<u64>>, default: u64, min: u64, max: u64, name: &str| match v {
-            None => default,
-            Some(s) if s.value >= min && s.value <= max => s.value,
-            Some(s) => {
-                c.at_loc(
-                    s.referenced,
-                    format!(
-                        "`processing.{name}` is {}; use a value from {min} to {max}",
-                        s.value
-                    ),
-                );
-                ok = false;
-                default
-            }
-        };
+    let mut bounded = |v: Option<Spanned<u64>>, default: u64, min: u64, max: u64, name: &str| match v {
+        None => default,
+        Some(s) if s.value >= min && s.value <= max => s.value,
+        Some(s) => {
+            c.at_loc(
+                s.referenced,
+                format!("`processing.{name}` is {}; use a value from {min} to {max}", s.value),
+            );
+            ok = false;
+            default
+        }
+    };
     let commit_ms = bounded(p.commit_interval_ms, 100, 1, 600_000, "commit_interval_ms");
     let threads = bounded(p.threads, 1, 1, 64, "threads");
     let max_bytes = bounded(
@@ -257,10 +235,19 @@ fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Opti
         100 * 1024 * 1024,
         "max_record_bytes",
     );
+    let expiry_ms = bounded(
+        p.expiry_scan_interval_ms,
+        60_000,
+        100,
+        86_400_000,
+        "expiry_scan_interval_ms",
+    );
     ok.then(|| Processing {
         commit_interval: Duration::from_millis(commit_ms),
         threads: threads as usize,
         max_record_bytes: max_bytes as usize,
+        static_membership: p.static_membership.is_some_and(|s| s.value),
+        expiry_scan_interval: Duration::from_millis(expiry_ms),
     })
 }
 
@@ -278,10 +265,7 @@ fn sources(c: &mut Collector, raw: Option<RawSources>) -> Option<BTreeMap<String
             if f.value != "json" {
                 c.at_loc(
                     f.referenced,
-                    format!(
-                        "source `{name}`: format `{}` is not supported; use `json`",
-                        f.value
-                    ),
+                    format!("source `{name}`: format `{}` is not supported; use `json`", f.value),
                 );
                 ok = false;
             }

@@ -32,9 +32,7 @@ pub struct Generated {
 impl Generated {
     /// Valid records that must be dropped as duplicates.
     pub fn expected_duplicates(&self) -> u64 {
-        self.records.len() as u64
-            - self.expected_keys.len() as u64
-            - self.poison.values().sum::<u64>()
+        self.records.len() as u64 - self.expected_keys.len() as u64 - self.poison.values().sum::<u64>()
     }
 }
 
@@ -46,12 +44,7 @@ const STATUSES: [(&str, &str); 3] = [
 
 /// Generates `events` distinct business events, each delivered 1–5 times, in shuffled-nearby
 /// order, plus about `poison_per_mille`‰ poison records. `oversize_bytes` sizes oversize poison.
-pub fn payments(
-    events: usize,
-    poison_per_mille: u32,
-    oversize_bytes: usize,
-    seed: u64,
-) -> Generated {
+pub fn payments(events: usize, poison_per_mille: u32, oversize_bytes: usize, seed: u64) -> Generated {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Generated::default();
     for i in 0..events {
@@ -108,14 +101,18 @@ pub fn payments(
 
 fn poison(rng: &mut StdRng, i: usize, oversize_bytes: usize) -> (&'static str, Vec<u8>) {
     match rng.random_range(0..4) {
-        0 => ("invalid_json", format!(r#"{{"event_type":"payment.completed","payment_id":"BAD-{i}""#).into_bytes()),
+        0 => (
+            "invalid_json",
+            format!(r#"{{"event_type":"payment.completed","payment_id":"BAD-{i}""#).into_bytes(),
+        ),
         1 => (
             "missing_key_field",
             format!(r#"{{"event_type":"payment.completed","payment_id":"BAD-{i}"}}"#).into_bytes(),
         ),
         2 => (
             "non_scalar_key_field",
-            format!(r#"{{"event_type":"payment.completed","payment_id":{{"id":"BAD-{i}"}},"status":"PAID"}}"#).into_bytes(),
+            format!(r#"{{"event_type":"payment.completed","payment_id":{{"id":"BAD-{i}"}},"status":"PAID"}}"#)
+                .into_bytes(),
         ),
         _ => (
             "oversize",

@@ -47,17 +47,10 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         "TALLY_STATE_DIR" => Some(state.path().display().to_string()),
         _ => None,
     };
-    let topology = Arc::new(config::load_str(
-        "topologies/payments.yaml",
-        PAYMENTS_TOPOLOGY,
-        env,
-    )?);
+    let topology = Arc::new(config::load_str("topologies/payments.yaml", PAYMENTS_TOPOLOGY, env)?);
     // The mock has no CreateTopics API, so the internal topics tally would create are made here.
     for p in &topology.pipelines {
-        let changelogs = p
-            .store_names()
-            .into_iter()
-            .map(|s| topology.changelog_topic(&s));
+        let changelogs = p.store_names().into_iter().map(|s| topology.changelog_topic(&s));
         for topic in changelogs.chain(p.repartition.as_ref().map(|r| r.topic.clone())) {
             cluster
                 .create_topic(&topic, 3, 1)
@@ -72,10 +65,7 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         .context("creating the demo producer")?;
     for r in &generated.records {
         let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
-            h.insert(Header {
-                key: k,
-                value: Some(v),
-            })
+            h.insert(Header { key: k, value: Some(v) })
         });
         let mut record = BaseRecord::to("payments.events")
             .key(&r.key)
@@ -104,17 +94,11 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         .enable_all()
         .build()?;
     let totals = rt.block_on(async {
-        let engine = tokio::spawn(engine::run(
-            topology.clone(),
-            "demo",
-            metrics.clone(),
-            shutdown.clone(),
-        ));
+        let engine = tokio::spawn(engine::run(topology.clone(), "demo", metrics.clone(), shutdown.clone()));
         let deadline = Instant::now() + Duration::from_secs(120);
         // Done when every input record is accounted for, after the repartition hop too.
         let done = |t: &Totals| {
-            t.records_in == produced
-                && t.records_out + t.duplicates + t.stale + t.dead_lettered_total() == produced
+            t.records_in == produced && t.records_out + t.duplicates + t.stale + t.dead_lettered_total() == produced
         };
         while !done(&metrics.totals(&names)) && Instant::now() < deadline && !engine.is_finished() {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -142,12 +126,8 @@ pub fn render(r: &DemoReport) -> String {
     let t = &r.totals;
     let mut s = String::new();
     s.push_str("tally demo: payments topology on librdkafka's in-process MOCK cluster\n");
-    s.push_str(
-        "  NOTE: the mock cluster cannot demonstrate exactly-once (it does not filter aborted\n",
-    );
-    s.push_str(
-        "  transactions or store transactional offsets). Exactly-once is shown by the test suite\n",
-    );
+    s.push_str("  NOTE: the mock cluster cannot demonstrate exactly-once (it does not filter aborted\n");
+    s.push_str("  transactions or store transactional offsets). Exactly-once is shown by the test suite\n");
     s.push_str("  against a real Apache Kafka broker.\n\n");
     s.push_str(&format!(
         "  generated   {:>7} records: {} distinct payment events, each sent 1-5 times, {} poison\n",

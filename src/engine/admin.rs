@@ -52,13 +52,7 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
         }
     }
     if let Some(m) = &t.id_mapping {
-        ensure_internal(
-            &admin,
-            rt,
-            &m.topic,
-            m.partitions,
-            &[("cleanup.policy", "compact")],
-        )?;
+        ensure_internal(&admin, rt, &m.topic, m.partitions, &[("cleanup.policy", "compact")])?;
     }
     Ok(partitions)
 }
@@ -67,18 +61,14 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
     let md = admin
         .inner()
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .with_context(|| {
-            format!("cannot read metadata of topic `{topic}`: is the broker reachable?")
-        })?;
+        .with_context(|| format!("cannot read metadata of topic `{topic}`: is the broker reachable?"))?;
     let Some(tm) = md.topics().iter().find(|tm| tm.name() == topic) else {
         return Ok(None);
     };
     match tm.error() {
         None if !tm.partitions().is_empty() => Ok(Some(tm.partitions().len() as i32)),
         None => Ok(None),
-        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => {
-            Ok(None)
-        }
+        Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(None),
         Some(e) => bail!("metadata of topic `{topic}`: {}", RDKafkaErrorCode::from(e)),
     }
 }
@@ -104,10 +94,7 @@ fn ensure_internal(
         |t, (k, v)| t.set(k, v),
     );
     let results = rt
-        .block_on(admin.create_topics(
-            [&new],
-            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
-        ))
+        .block_on(admin.create_topics([&new], &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT))))
         .with_context(|| format!("cannot create internal topic `{topic}`"))?;
     for r in results {
         match r {

@@ -16,6 +16,9 @@ pub fn base(t: &Topology) -> ClientConfig {
 /// The group consumer of a stream thread: read_committed, manual offsets in transactions.
 pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
     let mut c = base(t);
+    if t.processing.static_membership {
+        c.set("group.instance.id", client_id);
+    }
     c.set("group.id", &t.application_id)
         .set("client.id", client_id)
         .set("isolation.level", "read_committed")

@@ -98,18 +98,9 @@ mod tests {
         let c = |code| classify(&KafkaError::MessageProduction(code));
         assert_eq!(c(RDKafkaErrorCode::QueueFull), ErrorClass::Retriable);
         assert_eq!(c(RDKafkaErrorCode::ProducerFenced), ErrorClass::Fenced);
-        assert_eq!(
-            c(RDKafkaErrorCode::InvalidProducerEpoch),
-            ErrorClass::Fenced
-        );
-        assert_eq!(
-            c(RDKafkaErrorCode::RebalanceInProgress),
-            ErrorClass::Abortable
-        );
-        assert_eq!(
-            c(RDKafkaErrorCode::TopicAuthorizationFailed),
-            ErrorClass::Fatal
-        );
+        assert_eq!(c(RDKafkaErrorCode::InvalidProducerEpoch), ErrorClass::Fenced);
+        assert_eq!(c(RDKafkaErrorCode::RebalanceInProgress), ErrorClass::Abortable);
+        assert_eq!(c(RDKafkaErrorCode::TopicAuthorizationFailed), ErrorClass::Fatal);
     }
 
     #[test]

@@ -40,9 +40,7 @@ pub fn start(
         ends.insert(p, high);
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
-    consumer
-        .assign(&tpl)
-        .context("assigning the mappings topic")?;
+    consumer.assign(&tpl).context("assigning the mappings topic")?;
     // Catch up to the ends seen at startup before any stream thread looks ids up.
     let started = Instant::now();
     let mut caught_up: HashMap<i32, bool> = ends.iter().map(|(p, high)| (*p, *high == 0)).collect();

@@ -47,12 +47,7 @@ impl Shutdown {
 }
 
 /// Runs `topology` as instance `instance_id` until `shutdown` is triggered.
-pub async fn run(
-    topology: Arc<Topology>,
-    instance_id: &str,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) -> Result<()> {
+pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metrics>, shutdown: Shutdown) -> Result<()> {
     let t = topology.clone();
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || admin::prepare_topics(&t, &rt))

@@ -29,9 +29,7 @@ impl ProducerContext for DeliveryTracker {
         // Failed deliveries need no bookkeeping: they make the transaction abortable.
         if let Ok(m) = result {
             if let Ok(mut d) = self.delivered.lock() {
-                let e = d
-                    .entry((m.topic().to_string(), m.partition()))
-                    .or_insert(m.offset());
+                let e = d.entry((m.topic().to_string(), m.partition())).or_insert(m.offset());
                 *e = (*e).max(m.offset());
             }
         }
@@ -63,8 +61,7 @@ impl TxnProducer {
     /// Creates the producer and initialises transactions, fencing older producers of the same
     /// transactional id (and aborting what they left open).
     pub fn new(config: &ClientConfig, timeout: Duration) -> KafkaResult<Self> {
-        let producer: BaseProducer<DeliveryTracker> =
-            config.create_with_context(DeliveryTracker::default())?;
+        let producer: BaseProducer<DeliveryTracker> = config.create_with_context(DeliveryTracker::default())?;
         retry(timeout, || producer.init_transactions(timeout))?;
         Ok(Self {
             producer,
@@ -120,21 +117,14 @@ impl TxnProducer {
 
     /// Adds the consumed offsets to the transaction and commits it. Returns the highest
     /// delivered offset per partition.
-    pub fn commit(
-        &mut self,
-        offsets: &TopicPartitionList,
-        group: &ConsumerGroupMetadata,
-    ) -> KafkaResult<Delivered> {
+    pub fn commit(&mut self, offsets: &TopicPartitionList, group: &ConsumerGroupMetadata) -> KafkaResult<Delivered> {
         self.begin()?;
         if offsets.count() > 0 {
             retry(self.timeout, || {
-                self.producer
-                    .send_offsets_to_transaction(offsets, group, self.timeout)
+                self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
             })?;
         }
-        retry(self.timeout, || {
-            self.producer.commit_transaction(self.timeout)
-        })?;
+        retry(self.timeout, || self.producer.commit_transaction(self.timeout))?;
         self.in_transaction = false;
         Ok(self.take_delivered())
     }
@@ -142,9 +132,7 @@ impl TxnProducer {
     /// Aborts the open transaction, if any, and forgets its delivered offsets.
     pub fn abort(&mut self) -> KafkaResult<()> {
         if self.in_transaction {
-            retry(self.timeout, || {
-                self.producer.abort_transaction(self.timeout)
-            })?;
+            retry(self.timeout, || self.producer.abort_transaction(self.timeout))?;
             self.in_transaction = false;
         }
         self.take_delivered();

@@ -32,8 +32,7 @@ impl Purger {
 
     /// Notes a committed offset of a repartition partition.
     pub fn committed(&mut self, topic: &str, partition: i32, next_offset: i64) {
-        self.committed
-            .insert((topic.to_string(), partition), next_offset);
+        self.committed.insert((topic.to_string(), partition), next_offset);
     }
 
     /// Sends a delete request for everything noted, at most every 30 s. Failures only delay

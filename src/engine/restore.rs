@@ -44,22 +44,16 @@ pub fn restore(
         }
         None => (0, false),
     };
-    let consumer: BaseConsumer = config
-        .create()
-        .context("cannot create the restore consumer")?;
+    let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
     let (_, high) = consumer
         .fetch_watermarks(topic, partition, Duration::from_secs(15))
-        .with_context(|| {
-            format!("cannot read the end of changelog `{topic}` partition {partition}")
-        })?;
+        .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
     let mut restored = 0u64;
     if high > from_offset {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(from_offset))
             .context("invalid restore position")?;
-        consumer
-            .assign(&tpl)
-            .context("cannot assign the changelog partition")?;
+        consumer.assign(&tpl).context("cannot assign the changelog partition")?;
         let mut batch = Vec::with_capacity(BATCH);
         let mut last = from_offset - 1;
         let mut idle_since = Instant::now();
@@ -117,10 +111,7 @@ fn flush(
     }
     store.apply_restored(index, batch, last)?;
     let n = batch.len() as u64;
-    metrics
-        .restored_records
-        .with_label_values(&[name])
-        .inc_by(n);
+    metrics.restored_records.with_label_values(&[name]).inc_by(n);
     batch.clear();
     Ok(n)
 }

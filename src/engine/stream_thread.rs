@@ -24,6 +24,8 @@ const POLL: Duration = Duration::from_millis(50);
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
 const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
+/// Most expired keys one task deletes per expiry pass, to keep transactions small.
+const EXPIRY_BATCH: usize = 10_000;
 
 /// Everything a stream thread needs, shared with the other threads of the instance.
 #[derive(Clone)]
@@ -84,6 +86,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         pending_records: 0,
         restore_config: clients::restore_consumer(t),
         failure: None,
+        last_expiry: Instant::now(),
     };
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
@@ -111,6 +114,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             None => {}
         }
         st.producer.poll();
+        st.expire_due(&consumer)?;
         if st.commit_due() {
             st.commit(&consumer)?;
         }
@@ -124,9 +128,9 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
 }
 
 fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError> {
-    ctx.state.lock().map_err(|_| {
-        EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic"))
-    })
+    ctx.state
+        .lock()
+        .map_err(|_| EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic")))
 }
 
 /// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
@@ -152,16 +156,8 @@ impl ConsumerContext for StreamContext {
                     }
                 }
                 for el in tpl.elements() {
-                    if st
-                        .tasks
-                        .remove(&(el.topic().to_string(), el.partition()))
-                        .is_some()
-                    {
-                        tracing::info!(
-                            topic = el.topic(),
-                            partition = el.partition(),
-                            "task closed (revoked)"
-                        );
+                    if st.tasks.remove(&(el.topic().to_string(), el.partition())).is_some() {
+                        tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
                     }
                 }
             }
@@ -188,6 +184,7 @@ struct ThreadState {
     pending_records: usize,
     restore_config: ClientConfig,
     failure: Option<EngineError>,
+    last_expiry: Instant,
 }
 
 impl ThreadState {
@@ -271,6 +268,36 @@ impl ThreadState {
         Ok(Task::new(partition, processor, work, sinks))
     }
 
+    /// Every expiry interval, deletes expired dedup keys of every task inside the transaction.
+    fn expire_due(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        if self.last_expiry.elapsed() < self.cfg.topology.processing.expiry_scan_interval {
+            return Ok(());
+        }
+        self.last_expiry = Instant::now();
+        let now = super::task::now_ms();
+        for task in self.tasks.values_mut() {
+            match task.expire(now, &mut self.producer, EXPIRY_BATCH) {
+                Ok(0) => {}
+                Ok(n) => {
+                    self.pending_since.get_or_insert_with(Instant::now);
+                    tracing::debug!(
+                        expired = n,
+                        pipeline = task.pipeline_name(),
+                        "expired dedup keys deleted"
+                    );
+                }
+                Err(ProcessError::Engine(e)) => return Err(e),
+                Err(ProcessError::Kafka(e)) => {
+                    return match classify(&e) {
+                        ErrorClass::Abortable | ErrorClass::Retriable => self.abort_and_rewind(consumer),
+                        _ => Err(EngineError::from_kafka(e, "expiring keys")),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn commit_due(&self) -> bool {
         self.pending_since
             .is_some_and(|s| s.elapsed() >= self.cfg.topology.processing.commit_interval)
@@ -291,9 +318,9 @@ impl ThreadState {
                     .map_err(|e| EngineError::Fatal(anyhow!(e)))?;
             }
         }
-        let group = consumer.group_metadata().ok_or_else(|| {
-            EngineError::TaskMigrated("no consumer group metadata (not a group member)".into())
-        })?;
+        let group = consumer
+            .group_metadata()
+            .ok_or_else(|| EngineError::TaskMigrated("no consumer group metadata (not a group member)".into()))?;
         let started = Instant::now();
         let delivered = match self.producer.commit(&offsets, &group) {
             Ok(d) => d,
@@ -325,10 +352,7 @@ impl ThreadState {
 
     /// Aborts the transaction, drops uncommitted store writes and rewinds every task to its
     /// committed offset, so the aborted records are processed again.
-    fn abort_and_rewind(
-        &mut self,
-        consumer: &BaseConsumer<StreamContext>,
-    ) -> Result<(), EngineError> {
+    fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
         self.producer
             .abort()
             .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
@@ -371,18 +395,12 @@ impl ThreadState {
 fn publish(m: &Metrics, task: &Task, c: &Counts) {
     let p = task.pipeline_name();
     m.records_in.with_label_values(&[p]).inc_by(c.records_in);
-    m.records_repartitioned
-        .with_label_values(&[p])
-        .inc_by(c.repartitioned);
+    m.records_repartitioned.with_label_values(&[p]).inc_by(c.repartitioned);
     m.records_out.with_label_values(&[p]).inc_by(c.records_out);
     m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
     m.stale.with_label_values(&[p]).inc_by(c.stale);
-    m.pending_created
-        .with_label_values(&[p])
-        .inc_by(c.pending_created);
+    m.pending_created.with_label_values(&[p]).inc_by(c.pending_created);
     for (reason, n) in &c.dead_lettered {
-        m.dead_lettered
-            .with_label_values(&[p, reason.as_str()])
-            .inc_by(*n);
+        m.dead_lettered.with_label_values(&[p, reason.as_str()]).inc_by(*n);
     }
 }

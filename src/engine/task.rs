@@ -3,10 +3,11 @@
 
 use super::errors::EngineError;
 use super::producer::{Outgoing, TxnProducer};
+use crate::processors::dedup;
 use crate::processors::idmap::pending_key;
 use crate::processors::{Decision, Input, PipelineProcessor, Processed, Reason, Rejection};
-use crate::store::TaskStore;
-use crate::topology::KeyTemplate;
+use crate::store::{Change, TaskStore};
+use crate::topology::{KeyTemplate, StoreKind};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::Message;
@@ -43,6 +44,8 @@ pub struct Counts {
     pub stale: u64,
     /// Outputs emitted pending-create.
     pub pending_created: u64,
+    /// Dedup keys deleted by expiry.
+    pub expired: u64,
     /// Dead-lettered by reason.
     pub dead_lettered: BTreeMap<Reason, u64>,
 }
@@ -138,11 +141,7 @@ impl Task {
     }
 
     /// Runs one record, producing its output, forward or dead letter and changelog records.
-    pub fn process(
-        &mut self,
-        msg: &BorrowedMessage<'_>,
-        producer: &mut TxnProducer,
-    ) -> Result<(), ProcessError> {
+    pub fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
         let header_value = header_text(msg, &self.correlation_header);
         let input = Input {
             payload: msg.payload(),
@@ -158,10 +157,7 @@ impl Task {
                         // The stateful stage reports dead letters with the original place.
                         let headers = copy_headers(msg, "")
                             .insert(header(SOURCE_TOPIC_HEADER, msg.topic()))
-                            .insert(header(
-                                SOURCE_PARTITION_HEADER,
-                                &msg.partition().to_string(),
-                            ))
+                            .insert(header(SOURCE_PARTITION_HEADER, &msg.partition().to_string()))
                             .insert(header(SOURCE_OFFSET_HEADER, &msg.offset().to_string()));
                         producer
                             .send(Outgoing {
@@ -208,10 +204,8 @@ impl Task {
                             .insert(header(&self.correlation_header, &processed.correlation_id))
                             .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
                         if !pending.is_empty() {
-                            let systems: Vec<&str> =
-                                pending.iter().map(|p| p.system.as_str()).collect();
-                            headers =
-                                headers.insert(header(PENDING_CREATE_HEADER, &systems.join(",")));
+                            let systems: Vec<&str> = pending.iter().map(|p| p.system.as_str()).collect();
+                            headers = headers.insert(header(PENDING_CREATE_HEADER, &systems.join(",")));
                             self.counts.pending_created += 1;
                         }
                         // Markers let every instance count what still waits for a write-back.
@@ -227,9 +221,7 @@ impl Task {
                                     .send(Outgoing {
                                         topic,
                                         partition: None,
-                                        key: Some(
-                                            pending_key(&p.system, &p.internal_id).as_bytes(),
-                                        ),
+                                        key: Some(pending_key(&p.system, &p.internal_id).as_bytes()),
                                         payload: Some(marker.as_bytes()),
                                         headers: OwnedHeaders::new(),
                                     })
@@ -268,9 +260,8 @@ impl Task {
                         current,
                     } => {
                         if tracing::enabled!(tracing::Level::DEBUG) {
-                            event_span(&processed.correlation_id, Some(idempotency_key)).in_scope(
-                                || tracing::debug!(version, current, "stale version dropped"),
-                            );
+                            event_span(&processed.correlation_id, Some(idempotency_key))
+                                .in_scope(|| tracing::debug!(version, current, "stale version dropped"));
                         }
                         self.counts.stale += 1;
                     }
@@ -283,17 +274,7 @@ impl Task {
                     }
                     Decision::Reject(_) => {}
                 }
-                for change in changes {
-                    producer
-                        .send(Outgoing {
-                            topic: &changelogs[change.store],
-                            partition: Some(self.partition),
-                            key: Some(&change.key),
-                            payload: change.value.as_deref(),
-                            headers: OwnedHeaders::new(),
-                        })
-                        .map_err(ProcessError::Kafka)?;
-                }
+                send_changes(producer, changelogs, self.partition, changes)?;
                 dead_letter(
                     &self.dead_letter_topic,
                     &self.correlation_header,
@@ -310,31 +291,41 @@ impl Task {
 
     /// After the Kafka commit: applies the overlay with the delivered changelog offsets and
     /// hands back the transaction's counts.
-    pub fn committed(
-        &mut self,
-        delivered: &HashMap<(String, i32), i64>,
-    ) -> Result<Counts, EngineError> {
-        if let Work::Process {
-            store, changelogs, ..
-        } = &mut self.work
-        {
+    pub fn committed(&mut self, delivered: &HashMap<(String, i32), i64>) -> Result<Counts, EngineError> {
+        if let Work::Process { store, changelogs, .. } = &mut self.work {
             let offsets: Vec<(usize, i64)> = changelogs
                 .iter()
                 .enumerate()
-                .filter_map(|(i, topic)| {
-                    delivered
-                        .get(&(topic.clone(), self.partition))
-                        .map(|&o| (i, o))
-                })
+                .filter_map(|(i, topic)| delivered.get(&(topic.clone(), self.partition)).map(|&o| (i, o)))
                 .collect();
             store.commit(&offsets).map_err(|e| {
-                EngineError::Fatal(
-                    anyhow::Error::new(e).context("store write after a committed transaction"),
-                )
+                EngineError::Fatal(anyhow::Error::new(e).context("store write after a committed transaction"))
             })?;
         }
         self.next_offset = None;
         Ok(std::mem::take(&mut self.counts))
+    }
+
+    /// Deletes up to `limit` expired dedup keys in the open transaction; returns how many.
+    pub fn expire(&mut self, now_ms: i64, producer: &mut TxnProducer, limit: usize) -> Result<usize, ProcessError> {
+        let Work::Process { store, changelogs, .. } = &mut self.work else {
+            return Ok(0);
+        };
+        let (Some(retention), Some(index)) = (
+            self.processor.pipeline().max_retention(),
+            self.processor
+                .pipeline()
+                .store_kinds()
+                .iter()
+                .position(|k| *k == StoreKind::Dedup),
+        ) else {
+            return Ok(0);
+        };
+        let deleted = dedup::expire(store, index, now_ms, retention, limit)
+            .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
+        send_changes(producer, changelogs, self.partition, store.take_changes())?;
+        self.counts.expired += deleted as u64;
+        Ok(deleted)
     }
 
     /// After an abort: forgets the transaction's writes, position and counts.
@@ -414,6 +405,27 @@ fn header_text<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
         .and_then(|h| std::str::from_utf8(h.value?).ok())
 }
 
+/// Produces store changes to their changelog partition.
+fn send_changes(
+    producer: &mut TxnProducer,
+    changelogs: &[String],
+    partition: i32,
+    changes: Vec<Change>,
+) -> Result<(), ProcessError> {
+    for change in changes {
+        producer
+            .send(Outgoing {
+                topic: &changelogs[change.store],
+                partition: Some(partition),
+                key: Some(&change.key),
+                payload: change.value.as_deref(),
+                headers: OwnedHeaders::new(),
+            })
+            .map_err(ProcessError::Kafka)?;
+    }
+    Ok(())
+}
+
 fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
     Header {
         key,
@@ -437,7 +449,8 @@ fn copy_headers(msg: &BorrowedMessage<'_>, skip: &str) -> OwnedHeaders {
     out
 }
 
-fn now_ms() -> i64 {
+/// Wall-clock time in ms since the Unix epoch.
+pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -17,15 +17,11 @@ pub fn resolve(
     if let Some(h) = header_value.filter(|h| !h.is_empty()) {
         return h.to_string();
     }
-    let field = spec
-        .field
-        .as_deref()
-        .and_then(|f| doc?.get(f))
-        .and_then(|v| match v {
-            Value::String(s) if !s.is_empty() => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        });
+    let field = spec.field.as_deref().and_then(|f| doc?.get(f)).and_then(|v| match v {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    });
     field.unwrap_or_else(|| derive(seed))
 }
 
@@ -50,10 +46,7 @@ mod tests {
     fn header_wins_then_field_then_derived() {
         let doc = json!({"correlation_id": "from-field"});
         let doc = doc.as_object();
-        assert_eq!(
-            resolve(&spec(), Some("from-header"), doc, "k"),
-            "from-header"
-        );
+        assert_eq!(resolve(&spec(), Some("from-header"), doc, "k"), "from-header");
         assert_eq!(resolve(&spec(), None, doc, "k"), "from-field");
         assert_eq!(resolve(&spec(), Some(""), None, "k"), derive("k"));
     }

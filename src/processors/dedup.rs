@@ -37,15 +37,39 @@ pub fn admit(
             return Ok(Admission::Duplicate);
         }
     }
-    state::write(
-        store,
-        index,
-        key,
-        &DedupEntry {
-            first_seen_ms: now_ms,
-        },
-    )?;
+    state::write(store, index, key, &DedupEntry { first_seen_ms: now_ms })?;
     Ok(Admission::First)
+}
+
+/// Deletes up to `limit` keys first seen `retention` or longer ago, through the store's write
+/// path so their changelog gets tombstones. Returns how many were deleted.
+pub fn expire(
+    store: &mut TaskStore,
+    index: usize,
+    now_ms: i64,
+    retention: Duration,
+    limit: usize,
+) -> Result<usize, StateError> {
+    let cutoff = now_ms.saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
+    let mut expired = Vec::new();
+    for item in store.scan(index)? {
+        let (key, value) = item?;
+        let entry: DedupEntry = crate::store::codec::decode(&value).map_err(|source| StateError::Codec {
+            store: store.name(index).to_string(),
+            key: String::from_utf8_lossy(&key).into_owned(),
+            source,
+        })?;
+        if entry.first_seen_ms <= cutoff {
+            expired.push(key);
+            if expired.len() >= limit {
+                break;
+            }
+        }
+    }
+    for key in &expired {
+        store.delete(index, key);
+    }
+    Ok(expired.len())
 }
 
 #[cfg(test)]
@@ -56,8 +80,7 @@ mod tests {
     #[test]
     fn first_passes_repeats_are_duplicates_until_retention_passes() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s =
-            TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let day = Duration::from_secs(86_400);
         assert_eq!(
             admit(&mut s, 0, "PAY-1:PAID", 1_000, day).expect("ok"),
@@ -76,18 +99,38 @@ mod tests {
             admit(&mut s, 0, "PAY-1:PAID", later, day).expect("ok"),
             Admission::First
         );
+        assert_eq!(s.take_changes().len(), 3, "every accepted key is changelogged");
+    }
+
+    #[test]
+    fn expiry_deletes_old_committed_keys_with_tombstones() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let retention = Duration::from_secs(10);
+        admit(&mut s, 0, "old", 1_000, retention).expect("ok");
+        admit(&mut s, 0, "new", 9_000, retention).expect("ok");
+        s.commit(&[]).expect("commit");
+        assert_eq!(expire(&mut s, 0, 12_000, retention, 100).expect("ok"), 1);
+        let changes = s.take_changes();
+        assert_eq!(changes.len(), 1);
         assert_eq!(
-            s.take_changes().len(),
-            3,
-            "every accepted key is changelogged"
+            (changes[0].key.as_slice(), changes[0].value.as_ref()),
+            (b"old".as_slice(), None)
+        );
+        assert_eq!(
+            admit(&mut s, 0, "old", 12_000, retention).expect("ok"),
+            Admission::First
+        );
+        assert_eq!(
+            admit(&mut s, 0, "new", 12_000, retention).expect("ok"),
+            Admission::Duplicate
         );
     }
 
     #[test]
     fn a_corrupt_entry_is_an_error_not_a_guess() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s =
-            TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         s.put(0, b"k", vec![42, 0]);
         assert!(matches!(
             admit(&mut s, 0, "k", 0, Duration::from_secs(1)),

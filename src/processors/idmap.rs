@@ -31,9 +31,9 @@ pub fn pending_key(system: &str, internal: &str) -> String {
 /// The internal id of an external id: the recorded one, else derived (UUIDv5 of
 /// `<system>:<id>`), so the first external id an entity is seen under names it forever.
 pub fn internal_id(global: &GlobalMappings, system: &str, id: &str) -> String {
-    global.get(&external_key(system, id)).unwrap_or_else(|| {
-        Uuid::new_v5(&NAMESPACE, format!("{system}:{id}").as_bytes()).to_string()
-    })
+    global
+        .get(&external_key(system, id))
+        .unwrap_or_else(|| Uuid::new_v5(&NAMESPACE, format!("{system}:{id}").as_bytes()).to_string())
 }
 
 /// A marker that an event went out without the target system's id.
@@ -141,14 +141,8 @@ pub fn record(
     }
     state::write(store, index, &link, &wb.external_id)?;
     Ok(Some(vec![
-        (
-            external_key(&wb.source_system, &wb.source_id),
-            Some(internal.clone()),
-        ),
-        (
-            external_key(&wb.system, &wb.external_id),
-            Some(internal.clone()),
-        ),
+        (external_key(&wb.source_system, &wb.source_id), Some(internal.clone())),
+        (external_key(&wb.system, &wb.external_id), Some(internal.clone())),
         (link, Some(wb.external_id.clone())),
         (pending_key(&wb.system, &internal), None),
     ]))
@@ -173,12 +167,8 @@ mod tests {
     fn unknown_ids_are_pending_then_enriched_after_the_write_back() {
         let g = GlobalMappings::default();
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = TaskStore::open(tmp.path(), &["links".to_string()], &StoreEnv::default())
-            .expect("opens");
-        let mut doc = json!({"customer_id": "CRM-1"})
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
+        let mut s = TaskStore::open(tmp.path(), &["links".to_string()], &StoreEnv::default()).expect("opens");
+        let mut doc = json!({"customer_id": "CRM-1"}).as_object().cloned().unwrap_or_default();
         let pending = enrich(&g, &[spec()], &mut doc).expect("ok");
         assert_eq!(pending.len(), 1);
         assert_eq!(doc["erp_customer_id"], Value::Null);
@@ -189,9 +179,7 @@ mod tests {
             source_system: "crm".into(),
             source_id: "CRM-1".into(),
         };
-        let records = record(&mut s, 0, &g, &wb)
-            .expect("ok")
-            .expect("first write-back wins");
+        let records = record(&mut s, 0, &g, &wb).expect("ok").expect("first write-back wins");
         for (k, v) in &records {
             g.apply(k, v.as_deref());
         }
@@ -210,10 +198,7 @@ mod tests {
             "first write wins"
         );
 
-        let mut doc = json!({"customer_id": "CRM-1"})
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
+        let mut doc = json!({"customer_id": "CRM-1"}).as_object().cloned().unwrap_or_default();
         assert!(enrich(&g, &[spec()], &mut doc).expect("ok").is_empty());
         assert_eq!(doc["erp_customer_id"], "ERP-9");
         assert_eq!(
@@ -226,14 +211,8 @@ mod tests {
     #[test]
     fn internal_ids_are_deterministic() {
         let g = GlobalMappings::default();
-        assert_eq!(
-            internal_id(&g, "crm", "CRM-1"),
-            internal_id(&g, "crm", "CRM-1")
-        );
-        assert_ne!(
-            internal_id(&g, "crm", "CRM-1"),
-            internal_id(&g, "crm", "CRM-2")
-        );
+        assert_eq!(internal_id(&g, "crm", "CRM-1"), internal_id(&g, "crm", "CRM-1"));
+        assert_ne!(internal_id(&g, "crm", "CRM-1"), internal_id(&g, "crm", "CRM-2"));
     }
 
     #[test]
@@ -244,10 +223,7 @@ mod tests {
             enrich(&g, &[spec()], &mut doc).map_err(|r| r.reason),
             Err(Reason::MissingKeyField)
         );
-        let bad = json!({"system": "erp"})
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
+        let bad = json!({"system": "erp"}).as_object().cloned().unwrap_or_default();
         assert!(parse_write_back(&bad).is_err());
     }
 }

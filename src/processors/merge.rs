@@ -47,34 +47,24 @@ pub fn apply(
     increment: &Map<String, Value>,
     spec: MergeSpec<'_>,
 ) -> Result<Merge, StateError> {
-    let mut entry =
-        state::read::<MergedEntry>(store, index, entity)?.unwrap_or_else(|| MergedEntry {
-            applied: Vec::new(),
-            state: String::new(),
-        });
-    let slot = match entry
-        .applied
-        .binary_search_by(|id| id.as_str().cmp(increment_id))
-    {
+    let mut entry = state::read::<MergedEntry>(store, index, entity)?.unwrap_or_else(|| MergedEntry {
+        applied: Vec::new(),
+        state: String::new(),
+    });
+    let slot = match entry.applied.binary_search_by(|id| id.as_str().cmp(increment_id)) {
         Ok(_) => return Ok(Merge::AlreadyApplied),
         Err(slot) => slot,
     };
     let mut doc: Map<String, Value> = serde_json::from_str(&entry.state).unwrap_or_default();
     doc.insert("entity".into(), Value::String(entity.to_string()));
-    let items = doc
-        .entry(spec.into)
-        .or_insert_with(|| Value::Array(Vec::new()));
+    let items = doc.entry(spec.into).or_insert_with(|| Value::Array(Vec::new()));
     if let Value::Array(list) = items {
         list.push(Value::Object(increment.clone()));
     }
-    let count = doc
-        .get(spec.into)
-        .and_then(Value::as_array)
-        .map_or(0, Vec::len);
+    let count = doc.get(spec.into).and_then(Value::as_array).map_or(0, Vec::len);
     doc.insert("increments".into(), Value::from(count));
     let text = Value::Object(doc).to_string();
-    let size =
-        text.len() + entry.applied.iter().map(String::len).sum::<usize>() + increment_id.len();
+    let size = text.len() + entry.applied.iter().map(String::len).sum::<usize>() + increment_id.len();
     if size > spec.max_state_bytes {
         return Ok(Merge::TooLarge { bytes: size });
     }
@@ -97,8 +87,7 @@ mod tests {
     #[test]
     fn each_increment_applies_once_and_state_accumulates() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s =
-            TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
+        let mut s = TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
         let spec = MergeSpec {
             into: "lines",
             max_state_bytes: 10_000,
@@ -125,8 +114,7 @@ mod tests {
     #[test]
     fn a_state_over_the_bound_is_refused_and_left_unchanged() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s =
-            TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
+        let mut s = TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
         let spec = MergeSpec {
             into: "notes",
             max_state_bytes: 120,

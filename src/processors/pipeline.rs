@@ -85,11 +85,7 @@ pub struct PipelineProcessor {
 impl PipelineProcessor {
     /// A processor over a task whose stores are `pipeline.store_names()`, in that order;
     /// `global` is the instance's ID-mapping store.
-    pub fn new(
-        pipeline: Arc<Pipeline>,
-        max_record_bytes: usize,
-        global: Arc<GlobalMappings>,
-    ) -> Self {
+    pub fn new(pipeline: Arc<Pipeline>, max_record_bytes: usize, global: Arc<GlobalMappings>) -> Self {
         let stores = pipeline.store_kinds();
         Self {
             pipeline,
@@ -112,11 +108,7 @@ impl PipelineProcessor {
     }
 
     /// Decides one record, writing dedup state into the task's open transaction.
-    pub fn process(
-        &self,
-        input: &Input<'_>,
-        store: &mut TaskStore,
-    ) -> Result<Processed, StateError> {
+    pub fn process(&self, input: &Input<'_>, store: &mut TaskStore) -> Result<Processed, StateError> {
         let mut doc = match self.decode(input.payload) {
             Ok(doc) => doc,
             Err(rejection) => return Ok(self.rejected(input, None, rejection)),
@@ -125,31 +117,20 @@ impl PipelineProcessor {
             Ok(k) => k,
             Err(e) => return Ok(self.rejected(input, Some(&doc), key_rejection(e, "key"))),
         };
-        let correlation_id = correlation::resolve(
-            &self.pipeline.correlation,
-            input.correlation_header,
-            Some(&doc),
-            &key,
-        );
+        let correlation_id =
+            correlation::resolve(&self.pipeline.correlation, input.correlation_header, Some(&doc), &key);
         let event_type = doc.get("event_type").and_then(Value::as_str);
         let Some(route) = self.pipeline.route_for(event_type) else {
             let detail = match event_type {
                 Some(t) => format!("no route matches event_type `{t}`"),
-                None => {
-                    "the record has no string `event_type` and every route needs one".to_string()
-                }
+                None => "the record has no string `event_type` and every route needs one".to_string(),
             };
             return Ok(Processed {
                 decision: Decision::Reject(Rejection::new(Reason::NoRoute, detail)),
                 correlation_id,
             });
         };
-        let output_template = self
-            .pipeline
-            .output
-            .key
-            .as_ref()
-            .or(route.strategy.entity());
+        let output_template = self.pipeline.output.key.as_ref().or(route.strategy.entity());
         let output_key = match output_template.map(|t| t.render(&doc)) {
             None => key.clone(),
             Some(Ok(k)) => k,
@@ -170,15 +151,12 @@ impl PipelineProcessor {
                 })
             }
         };
-        let mut decision =
-            match self.decide(&route.strategy, &doc, key, output_key, input.now_ms, store)? {
-                Ok(decision) => decision,
-                Err(rejection) => Decision::Reject(rejection),
-            };
+        let mut decision = match self.decide(&route.strategy, &doc, key, output_key, input.now_ms, store)? {
+            Ok(decision) => decision,
+            Err(rejection) => Decision::Reject(rejection),
+        };
         if let Decision::Emit {
-            payload,
-            pending: p,
-            ..
+            payload, pending: p, ..
         } = &mut decision
         {
             if payload.is_none() && !self.pipeline.map_ids.is_empty() {
@@ -213,9 +191,7 @@ impl PipelineProcessor {
                 let index = self.store_index(StoreKind::Dedup)?;
                 match dedup::admit(store, index, &key, now_ms, *retention)? {
                     Admission::First => emit(key, None),
-                    Admission::Duplicate => Decision::Duplicate {
-                        idempotency_key: key,
-                    },
+                    Admission::Duplicate => Decision::Duplicate { idempotency_key: key },
                 }
             }
             Strategy::Overwrite { entity, version } => {
@@ -263,9 +239,7 @@ impl PipelineProcessor {
                         MergeEmit::State => emit(key, Some(state)),
                         MergeEmit::Increment => emit(key, None),
                     },
-                    Merge::AlreadyApplied => Decision::Duplicate {
-                        idempotency_key: key,
-                    },
+                    Merge::AlreadyApplied => Decision::Duplicate { idempotency_key: key },
                     Merge::TooLarge { bytes } => {
                         // The bound protects memory and the changelog: the increment is refused.
                         let detail = format!(
@@ -286,9 +260,7 @@ impl PipelineProcessor {
                         idempotency_key: key,
                         records,
                     },
-                    None => Decision::Duplicate {
-                        idempotency_key: key,
-                    },
+                    None => Decision::Duplicate { idempotency_key: key },
                 }
             }
         }))
@@ -296,9 +268,7 @@ impl PipelineProcessor {
 
     /// For a repartition stage: the record's new message key, or its rejection.
     pub fn rekey(&self, template: &KeyTemplate, input: &Input<'_>) -> Result<String, Processed> {
-        let doc = self
-            .decode(input.payload)
-            .map_err(|r| self.rejected(input, None, r))?;
+        let doc = self.decode(input.payload).map_err(|r| self.rejected(input, None, r))?;
         template
             .render(&doc)
             .map_err(|e| self.rejected(input, Some(&doc), key_rejection(e, "repartition key")))
@@ -306,10 +276,7 @@ impl PipelineProcessor {
 
     fn decode(&self, payload: Option<&[u8]>) -> Result<Map<String, Value>, Rejection> {
         let Some(bytes) = payload else {
-            return Err(Rejection::new(
-                Reason::InvalidJson,
-                "the record has no value",
-            ));
+            return Err(Rejection::new(Reason::InvalidJson, "the record has no value"));
         };
         if bytes.len() > self.max_record_bytes {
             return Err(Rejection::new(
@@ -327,28 +294,15 @@ impl PipelineProcessor {
                 Reason::NotAnObject,
                 "the value is JSON but not an object",
             )),
-            Err(e) => Err(Rejection::new(
-                Reason::InvalidJson,
-                format!("not valid JSON: {e}"),
-            )),
+            Err(e) => Err(Rejection::new(Reason::InvalidJson, format!("not valid JSON: {e}"))),
         }
     }
 
-    fn rejected(
-        &self,
-        input: &Input<'_>,
-        doc: Option<&Map<String, Value>>,
-        rejection: Rejection,
-    ) -> Processed {
+    fn rejected(&self, input: &Input<'_>, doc: Option<&Map<String, Value>>, rejection: Rejection) -> Processed {
         let (topic, partition, offset) = input.coordinates;
         let seed = format!("{topic}/{partition}/{offset}");
         Processed {
-            correlation_id: correlation::resolve(
-                &self.pipeline.correlation,
-                input.correlation_header,
-                doc,
-                &seed,
-            ),
+            correlation_id: correlation::resolve(&self.pipeline.correlation, input.correlation_header, doc, &seed),
             decision: Decision::Reject(rejection),
         }
     }
@@ -417,11 +371,7 @@ dead_letter: { topic: dlq }
         let tmp = tempfile::tempdir().expect("tempdir");
         let s = TaskStore::open(tmp.path(), &p.store_names(), &StoreEnv::default()).expect("opens");
         let global = Arc::new(GlobalMappings::default());
-        (
-            PipelineProcessor::new(p, t.processing.max_record_bytes, global),
-            s,
-            tmp,
-        )
+        (PipelineProcessor::new(p, t.processing.max_record_bytes, global), s, tmp)
     }
 
     fn run(p: &PipelineProcessor, s: &mut TaskStore, payload: &[u8]) -> Processed {
@@ -482,24 +432,11 @@ dead_letter: { topic: dlq }
             r#"{{"event_type":"payment.x","payment_id":"P","status":"S","pad":"{}"}}"#,
             "x".repeat(300)
         );
+        assert_eq!(reason(&run(&p, &mut s, big.as_bytes())), Some(Reason::Oversize));
+        assert_eq!(reason(&run(&p, &mut s, b"{not json")), Some(Reason::InvalidJson));
+        assert_eq!(reason(&run(&p, &mut s, b"[1,2]")), Some(Reason::NotAnObject));
         assert_eq!(
-            reason(&run(&p, &mut s, big.as_bytes())),
-            Some(Reason::Oversize)
-        );
-        assert_eq!(
-            reason(&run(&p, &mut s, b"{not json")),
-            Some(Reason::InvalidJson)
-        );
-        assert_eq!(
-            reason(&run(&p, &mut s, b"[1,2]")),
-            Some(Reason::NotAnObject)
-        );
-        assert_eq!(
-            reason(&run(
-                &p,
-                &mut s,
-                br#"{"event_type":"payment.x","payment_id":"P"}"#
-            )),
+            reason(&run(&p, &mut s, br#"{"event_type":"payment.x","payment_id":"P"}"#)),
             Some(Reason::MissingKeyField)
         );
         assert_eq!(
@@ -518,10 +455,7 @@ dead_letter: { topic: dlq }
             )),
             Some(Reason::NoRoute)
         );
-        assert!(
-            s.take_changes().is_empty(),
-            "rejected records leave no dedup state"
-        );
+        assert!(s.take_changes().is_empty(), "rejected records leave no dedup state");
     }
 
     #[test]
@@ -534,13 +468,8 @@ dead_letter: { topic: dlq }
             coordinates: ("in", 1, 2),
             now_ms: 0,
         };
-        assert_eq!(
-            p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)),
-            Ok("P9".to_string())
-        );
-        let rejected = p
-            .rekey(&t, &input(br#"{"status":"PAID"}"#))
-            .expect_err("no payment_id");
+        assert_eq!(p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)), Ok("P9".to_string()));
+        let rejected = p.rekey(&t, &input(br#"{"status":"PAID"}"#)).expect_err("no payment_id");
         assert!(matches!(
             rejected.decision,
             Decision::Reject(Rejection {
@@ -553,9 +482,7 @@ dead_letter: { topic: dlq }
     #[test]
     fn overwrite_passes_higher_versions_keyed_by_entity_and_drops_the_rest() {
         let (p, mut s, _tmp) = setup_with(ROUTES);
-        let rec = |v: &str| {
-            format!(r#"{{"event_type":"entity.updated","type":"customer","id":"C1","v":{v}}}"#)
-        };
+        let rec = |v: &str| format!(r#"{{"event_type":"entity.updated","type":"customer","id":"C1","v":{v}}}"#);
         let first = run(&p, &mut s, rec("3").as_bytes());
         assert_eq!(
             first.decision,

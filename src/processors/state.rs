@@ -27,30 +27,19 @@ pub enum StateError {
 }
 
 /// Reads and decodes the value of `key` in store `index`.
-pub fn read<T: DeserializeOwned>(
-    store: &TaskStore,
-    index: usize,
-    key: &str,
-) -> Result<Option<T>, StateError> {
+pub fn read<T: DeserializeOwned>(store: &TaskStore, index: usize, key: &str) -> Result<Option<T>, StateError> {
     match store.get(index, key.as_bytes())? {
         None => Ok(None),
-        Some(bytes) => codec::decode(&bytes)
-            .map(Some)
-            .map_err(|source| StateError::Codec {
-                store: store.name(index).to_string(),
-                key: key.to_string(),
-                source,
-            }),
+        Some(bytes) => codec::decode(&bytes).map(Some).map_err(|source| StateError::Codec {
+            store: store.name(index).to_string(),
+            key: key.to_string(),
+            source,
+        }),
     }
 }
 
 /// Encodes and writes `value` under `key` in store `index` (overlay + changelog).
-pub fn write<T: Serialize>(
-    store: &mut TaskStore,
-    index: usize,
-    key: &str,
-    value: &T,
-) -> Result<(), StateError> {
+pub fn write<T: Serialize>(store: &mut TaskStore, index: usize, key: &str, value: &T) -> Result<(), StateError> {
     let bytes = codec::encode(value).map_err(|source| StateError::Codec {
         store: store.name(index).to_string(),
         key: key.to_string(),

@@ -30,12 +30,7 @@ pub fn parse_version(text: &str) -> Option<i64> {
 }
 
 /// Offers `version` for `entity`; records it when it passes.
-pub fn offer(
-    store: &mut TaskStore,
-    index: usize,
-    entity: &str,
-    version: i64,
-) -> Result<Gate, StateError> {
+pub fn offer(store: &mut TaskStore, index: usize, entity: &str, version: i64) -> Result<Gate, StateError> {
     if let Some(current) = state::read::<VersionEntry>(store, index, entity)? {
         if version <= current.version {
             return Ok(Gate::Stale {
@@ -55,12 +50,8 @@ mod tests {
     #[test]
     fn only_strictly_higher_versions_pass() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s =
-            TaskStore::open(tmp.path(), &["v".to_string()], &StoreEnv::default()).expect("opens");
-        assert_eq!(
-            offer(&mut s, 0, "customer:C-1", 5).expect("ok"),
-            Gate::Newer
-        );
+        let mut s = TaskStore::open(tmp.path(), &["v".to_string()], &StoreEnv::default()).expect("opens");
+        assert_eq!(offer(&mut s, 0, "customer:C-1", 5).expect("ok"), Gate::Newer);
         assert_eq!(
             offer(&mut s, 0, "customer:C-1", 5).expect("ok"),
             Gate::Stale { current: 5 }
@@ -69,14 +60,8 @@ mod tests {
             offer(&mut s, 0, "customer:C-1", 3).expect("ok"),
             Gate::Stale { current: 5 }
         );
-        assert_eq!(
-            offer(&mut s, 0, "customer:C-2", 1).expect("ok"),
-            Gate::Newer
-        );
-        assert_eq!(
-            offer(&mut s, 0, "customer:C-1", 6).expect("ok"),
-            Gate::Newer
-        );
+        assert_eq!(offer(&mut s, 0, "customer:C-2", 1).expect("ok"), Gate::Newer);
+        assert_eq!(offer(&mut s, 0, "customer:C-1", 6).expect("ok"), Gate::Newer);
     }
 
     #[test]

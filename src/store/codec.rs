@@ -26,10 +26,7 @@ pub enum CodecError {
 /// Encodes a value with the current format byte.
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     let mut out = vec![FORMAT_BINCODE_V1];
-    out.extend(bincode::serde::encode_to_vec(
-        value,
-        bincode::config::standard(),
-    )?);
+    out.extend(bincode::serde::encode_to_vec(value, bincode::config::standard())?);
     Ok(out)
 }
 
@@ -79,9 +76,6 @@ mod tests {
             note: "long note".into(),
         })
         .expect("encodes");
-        assert!(matches!(
-            decode::<Sample>(&bytes[..4]),
-            Err(CodecError::Decode(_))
-        ));
+        assert!(matches!(decode::<Sample>(&bytes[..4]), Err(CodecError::Decode(_))));
     }
 }

@@ -13,15 +13,9 @@ impl StoreEnv {
     /// (charged to the same cache).
     pub fn new(cache_bytes: usize, write_buffer_bytes: usize) -> Self {
         let cache = Cache::new_lru_cache(cache_bytes);
-        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
-            write_buffer_bytes,
-            false,
-            cache.clone(),
-        );
-        Self {
-            cache,
-            write_buffers,
-        }
+        let write_buffers =
+            WriteBufferManager::new_write_buffer_manager_with_cache(write_buffer_bytes, false, cache.clone());
+        Self { cache, write_buffers }
     }
 
     /// RocksDB options for one task database using the shared budget.

@@ -65,9 +65,9 @@ impl GlobalMappings {
                 c.mappings += 1;
             } else if let Some(rest) = key.strip_prefix(PENDING_PREFIX) {
                 // A marker whose mapping already arrived is not pending any more.
-                let resolved = rest.split_once('/').is_some_and(|(system, internal)| {
-                    e.contains_key(&format!("{INTERNAL_PREFIX}{internal}/{system}"))
-                });
+                let resolved = rest
+                    .split_once('/')
+                    .is_some_and(|(system, internal)| e.contains_key(&format!("{INTERNAL_PREFIX}{internal}/{system}")));
                 if !resolved {
                     c.pending += 1;
                 }

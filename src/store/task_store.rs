@@ -19,6 +19,9 @@ pub struct Change {
     pub value: Option<Vec<u8>>,
 }
 
+/// A committed key and value.
+pub type Entry = (Box<[u8]>, Box<[u8]>);
+
 /// A failure of the local store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -31,9 +34,7 @@ pub enum StoreError {
         source: rocksdb::Error,
     },
     /// The task directory cannot be created.
-    #[error(
-        "state directory {path} cannot be created: {source}; set `state.dir` to a writable path"
-    )]
+    #[error("state directory {path} cannot be created: {source}; set `state.dir` to a writable path")]
     Io {
         /// Task directory.
         path: PathBuf,
@@ -71,11 +72,10 @@ impl TaskStore {
             .chain([META_CF])
             .map(|n| ColumnFamilyDescriptor::new(n, env.db_options()))
             .collect::<Vec<_>>();
-        let db =
-            DB::open_cf_descriptors(&opts, dir, families).map_err(|source| StoreError::Rocks {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+        let db = DB::open_cf_descriptors(&opts, dir, families).map_err(|source| StoreError::Rocks {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         Ok(Self {
             db,
             dir: dir.to_path_buf(),
@@ -208,10 +208,7 @@ impl TaskStore {
     pub fn wipe(&mut self, store: usize) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
         let mut batch = WriteBatch::default();
-        for item in self
-            .db
-            .iterator_cf(cf, IteratorMode::From(&[], Direction::Forward))
-        {
+        for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
             let (key, _) = item.map_err(|e| self.rocks(e))?;
             batch.delete_cf(cf, key);
         }
@@ -242,6 +239,18 @@ impl TaskStore {
             last_offset.to_be_bytes(),
         );
         self.db.write(batch).map_err(|e| self.rocks(e))
+    }
+
+    /// Committed entries of a store in key order (the overlay is not included).
+    pub fn scan(
+        &self,
+        store: usize,
+    ) -> Result<impl Iterator<Item = Result<Entry, StoreError>> + '_, StoreError> {
+        let cf = self.cf(&self.names[store])?;
+        Ok(self
+            .db
+            .iterator_cf(cf, IteratorMode::Start)
+            .map(|item| item.map_err(|e| self.rocks(e))))
     }
 
     /// Number of committed keys in a store (a full scan: for tests and small stores).
@@ -278,11 +287,7 @@ mod tests {
             assert_eq!(s.take_changes().len(), 1);
         }
         let s = open(tmp.path());
-        assert_eq!(
-            s.get(0, b"k1").expect("reads"),
-            None,
-            "overlay never reached disk"
-        );
+        assert_eq!(s.get(0, b"k1").expect("reads"), None, "overlay never reached disk");
         assert_eq!(s.changelog_offset(0).expect("reads"), None);
     }
 
@@ -295,17 +300,10 @@ mod tests {
             s.commit(&[(0, 41)]).expect("commits");
             s.put(0, b"b", vec![2]);
             s.delete(0, b"a");
-            assert_eq!(
-                s.get(0, b"a").expect("reads"),
-                None,
-                "delete visible in overlay"
-            );
+            assert_eq!(s.get(0, b"a").expect("reads"), None, "delete visible in overlay");
             s.abort();
             assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
-            assert!(
-                s.take_changes().is_empty(),
-                "abort drops queued changelog records"
-            );
+            assert!(s.take_changes().is_empty(), "abort drops queued changelog records");
         }
         let s = open(tmp.path());
         assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));

@@ -20,11 +20,7 @@ pub fn describe(t: &Topology) -> String {
         let _ = writeln!(s, "\npipeline {}", p.name);
         let _ = writeln!(s, "  source  {} (topic {}, json)", p.source, p.input_topic);
         if let Some(r) = &p.repartition {
-            let _ = writeln!(
-                s,
-                "    → repartition by {} through topic {}",
-                r.key, r.topic
-            );
+            let _ = writeln!(s, "    → repartition by {} through topic {}", r.key, r.topic);
         }
         let _ = writeln!(s, "    → key      {}", p.key);
         let correlation = match (&p.correlation.header, &p.correlation.field) {
@@ -43,23 +39,22 @@ pub fn describe(t: &Topology) -> String {
                 Strategy::Overwrite { entity, version } => {
                     format!("overwrite entity {entity} only with a higher version {version}")
                 }
-                Strategy::Merge { entity, increment_id, into, emit, .. } => format!(
+                Strategy::Merge {
+                    entity,
+                    increment_id,
+                    into,
+                    emit,
+                    ..
+                } => format!(
                     "merge into entity {entity}.{into}, each increment {increment_id} once, emit {}",
                     match emit {
                         MergeEmit::State => "merged state",
                         MergeEmit::Increment => "accepted increment",
                     }
                 ),
-                Strategy::RecordMapping => {
-                    "record write-backs in the ID-mapping store, first write wins".to_string()
-                }
+                Strategy::RecordMapping => "record write-backs in the ID-mapping store, first write wins".to_string(),
             };
-            let _ = writeln!(
-                s,
-                "    → route {}: event_type {} → {what}",
-                i + 1,
-                r.event_type
-            );
+            let _ = writeln!(s, "    → route {}: event_type {} → {what}", i + 1, r.event_type);
         }
         for m in &p.map_ids {
             let _ = writeln!(

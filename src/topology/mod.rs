@@ -73,6 +73,11 @@ pub struct Processing {
     pub threads: usize,
     /// Records larger than this go to the dead-letter topic.
     pub max_record_bytes: usize,
+    /// Join the group with `group.instance.id`, so a restart within the session timeout moves
+    /// no partition.
+    pub static_membership: bool,
+    /// How often expired dedup keys are deleted (through the changelog).
+    pub expiry_scan_interval: Duration,
 }
 
 /// A named input topic.
@@ -243,9 +248,18 @@ pub struct Output {
 impl Pipeline {
     /// The topic the stateful part reads: the repartition topic or the source.
     pub fn process_topic(&self) -> &str {
-        self.repartition
-            .as_ref()
-            .map_or(&self.input_topic, |r| &r.topic)
+        self.repartition.as_ref().map_or(&self.input_topic, |r| &r.topic)
+    }
+
+    /// The longest `ignore` retention of the routes: keys older than this are expired for all.
+    pub fn max_retention(&self) -> Option<Duration> {
+        self.routes
+            .iter()
+            .filter_map(|r| match r.strategy {
+                Strategy::Ignore { retention } => Some(retention),
+                _ => None,
+            })
+            .max()
     }
 
     /// The stores the routes need, in a fixed order (their index in a task).
@@ -263,10 +277,7 @@ impl Pipeline {
 
     /// Names of every store the pipeline needs, in `store_kinds` order.
     pub fn store_names(&self) -> Vec<String> {
-        self.store_kinds()
-            .into_iter()
-            .map(|k| self.store_name(k))
-            .collect()
+        self.store_kinds().into_iter().map(|k| self.store_name(k)).collect()
     }
 
     /// The first route matching a record's event type, if any.

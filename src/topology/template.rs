@@ -131,11 +131,7 @@ fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value>
         .try_fold(doc.get(first)?, |value, segment| value.get(segment))
 }
 
-fn append_scalar(
-    out: &mut String,
-    value: Option<&Value>,
-    path: &[String],
-) -> Result<(), RenderError> {
+fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Result<(), RenderError> {
     match value {
         None | Some(Value::Null) => Err(RenderError::Missing(path.join("."))),
         Some(Value::String(s)) => {
@@ -171,9 +167,7 @@ mod tests {
         let t: KeyTemplate = "{payment_id}:{status}".parse().expect("valid template");
         let d = doc(json!({"payment_id": "PAY-1", "status": "PAID", "amount": 12.5}));
         assert_eq!(t.render(&d), Ok("PAY-1:PAID".to_string()));
-        let v: KeyTemplate = "{entity_type}:{entity_id}:v{version}"
-            .parse()
-            .expect("valid");
+        let v: KeyTemplate = "{entity_type}:{entity_id}:v{version}".parse().expect("valid");
         let d = doc(json!({"entity_type": "customer", "entity_id": "C-1", "version": 17}));
         assert_eq!(v.render(&d), Ok("customer:C-1:v17".to_string()));
     }
@@ -189,10 +183,7 @@ mod tests {
     #[test]
     fn missing_null_and_non_scalar_fields_are_errors() {
         let t: KeyTemplate = "{a}:{b}".parse().expect("valid template");
-        assert_eq!(
-            t.render(&doc(json!({"a": 1}))),
-            Err(RenderError::Missing("b".into()))
-        );
+        assert_eq!(t.render(&doc(json!({"a": 1}))), Err(RenderError::Missing("b".into())));
         assert_eq!(
             t.render(&doc(json!({"a": null, "b": 1}))),
             Err(RenderError::Missing("a".into()))
@@ -206,10 +197,7 @@ mod tests {
     #[test]
     fn malformed_templates_are_rejected() {
         assert_eq!("{a".parse::<KeyTemplate>(), Err(TemplateError::Unclosed(0)));
-        assert_eq!(
-            "a}".parse::<KeyTemplate>(),
-            Err(TemplateError::StrayClose(1))
-        );
+        assert_eq!("a}".parse::<KeyTemplate>(), Err(TemplateError::StrayClose(1)));
         assert_eq!(
             "{a.}".parse::<KeyTemplate>(),
             Err(TemplateError::EmptyField("a.".into()))

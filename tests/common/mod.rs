@@ -89,28 +89,17 @@ pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pau
         .expect("producer");
     for (i, r) in records.iter().enumerate() {
         if i > 0 && i % chunk == 0 {
-            producer
-                .flush(Duration::from_secs(60))
-                .expect("flush chunk");
+            producer.flush(Duration::from_secs(60)).expect("flush chunk");
             std::thread::sleep(pause);
         }
         let headers = r.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
-            h.insert(Header {
-                key: k,
-                value: Some(v),
-            })
+            h.insert(Header { key: k, value: Some(v) })
         });
-        let mut rec = BaseRecord::to(topic)
-            .key(&r.key)
-            .payload(&r.payload)
-            .headers(headers);
+        let mut rec = BaseRecord::to(topic).key(&r.key).payload(&r.payload).headers(headers);
         loop {
             match producer.send(rec) {
                 Ok(()) => break,
-                Err((
-                    KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    back,
-                )) => {
+                Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
                     rec = back;
                     producer.poll(Duration::from_millis(20));
                 }
@@ -118,9 +107,7 @@ pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pau
             }
         }
     }
-    producer
-        .flush(Duration::from_secs(60))
-        .expect("flush input");
+    producer.flush(Duration::from_secs(60)).expect("flush input");
 }
 
 /// Reads every committed record of `topic` (read_committed) until at least `min` arrived and
@@ -137,15 +124,10 @@ pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMe
     let md = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .expect("metadata");
-    let partitions = md
-        .topics()
-        .first()
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
+    let partitions = md.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .expect("tpl");
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
     }
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + timeout;
@@ -171,6 +153,57 @@ pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMe
     out
 }
 
+/// Asserts no transaction is left open on `topic`: a marker written to every partition without
+/// a transaction must become readable with read_committed (an open transaction would hold the
+/// last stable offset back).
+pub fn assert_no_open_transactions(topic: &str) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("producer");
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", "tally-test-marker")
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md.topics().first().map(|t| t.partitions().len()).unwrap_or(0) as i32;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        tpl.add_partition_offset(topic, p, Offset::Offset(high)).expect("tpl");
+        producer
+            .send(
+                BaseRecord::<[u8], [u8]>::to(topic)
+                    .partition(p)
+                    .payload(b"marker".as_slice()),
+            )
+            .expect("marker");
+    }
+    producer.flush(Duration::from_secs(10)).expect("flush markers");
+    consumer.assign(&tpl).expect("assign");
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < partitions as usize {
+        assert!(
+            Instant::now() < deadline,
+            "markers not readable on {:?}: a transaction is left open",
+            (0..partitions).filter(|p| !seen.contains(p)).collect::<Vec<_>>()
+        );
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            if m.payload() == Some(b"marker".as_slice()) {
+                seen.insert(m.partition());
+            }
+        }
+    }
+}
+
 /// A header's value as text.
 pub fn header(m: &OwnedMessage, key: &str) -> Option<String> {
     let hs = m.headers()?;
@@ -183,8 +216,7 @@ pub fn header(m: &OwnedMessage, key: &str) -> Option<String> {
 
 /// The `{payment_id}:{status}` of an output record, computed by the test from the payload.
 pub fn business_key(m: &OwnedMessage) -> String {
-    let v: serde_json::Value =
-        serde_json::from_slice(m.payload().expect("payload")).expect("json output");
+    let v: serde_json::Value = serde_json::from_slice(m.payload().expect("payload")).expect("json output");
     format!(
         "{}:{}",
         v["payment_id"].as_str().expect("payment_id"),
@@ -198,12 +230,7 @@ pub fn write_topology(dir: &Path, names: &Names, max_record_bytes: usize) -> Pat
 }
 
 /// Writes the payments topology, with or without its repartition step.
-pub fn write_topology_with(
-    dir: &Path,
-    names: &Names,
-    max_record_bytes: usize,
-    repartition: bool,
-) -> PathBuf {
+pub fn write_topology_with(dir: &Path, names: &Names, max_record_bytes: usize, repartition: bool) -> PathBuf {
     let repartition = if repartition {
         r#"repartition: { key: "{payment_id}" }"#
     } else {
@@ -257,10 +284,9 @@ impl Tally {
 
     /// Runs one of the example files in `topologies/` with the test's topics and state dir.
     pub fn start_example(example: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("topologies")
-            .join(example);
-        let state_dir = state.join("state").display().to_string();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies").join(example);
+        // Each instance has a state directory of its own, as on separate hosts.
+        let state_dir = state.join(format!("state-{instance_id}")).display().to_string();
         let env = [
             ("KAFKA_BOOTSTRAP", bootstrap()),
             ("TALLY_APP_ID", names.app.clone()),
@@ -271,20 +297,10 @@ impl Tally {
             ("TALLY_WRITEBACK_TOPIC", names.writeback.clone()),
             ("TALLY_MAPPING_TOPIC", names.mappings.clone()),
         ];
-        Self::start_with_env(
-            &path,
-            instance_id,
-            state.join(format!("{instance_id}.log")),
-            &env,
-        )
+        Self::start_with_env(&path, instance_id, state.join(format!("{instance_id}.log")), &env)
     }
 
-    pub fn start_with_env(
-        topology: &Path,
-        instance_id: &str,
-        log: PathBuf,
-        env: &[(&str, String)],
-    ) -> Self {
+    pub fn start_with_env(topology: &Path, instance_id: &str, log: PathBuf, env: &[(&str, String)]) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))
             .args(["--log-json", "run"])
@@ -308,10 +324,7 @@ impl Tally {
     /// SIGTERM and wait for a clean exit; returns the log lines.
     pub fn stop(mut self) -> Vec<serde_json::Value> {
         let pid = self.child.id().to_string();
-        let ok = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill -TERM");
+        let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
         assert!(ok.success());
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -378,15 +391,10 @@ impl Watcher {
         let md = consumer
             .fetch_metadata(Some(topic), Duration::from_secs(10))
             .expect("metadata");
-        let partitions = md
-            .topics()
-            .first()
-            .map(|t| t.partitions().len())
-            .unwrap_or(0);
+        let partitions = md.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
         let mut tpl = TopicPartitionList::new();
         for p in 0..partitions as i32 {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .expect("tpl");
+            tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
         }
         consumer.assign(&tpl).expect("assign");
         Self { consumer, seen: 0 }
