@@ -1,7 +1,7 @@
 //! Prometheus metrics of one instance (`tally_` prefix, base units, no per-event labels).
 
 use crate::processors::Reason;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use std::collections::BTreeMap;
 
 /// Every metric tally exports, registered in its own registry.
@@ -27,6 +27,8 @@ pub struct Metrics {
     pub commit_latency: Histogram,
     /// Changelog records applied during restore, per store.
     pub restored_records: IntCounterVec,
+    /// Changelog records still to restore, per store (0 when not restoring).
+    pub restore_remaining: IntGaugeVec,
     /// Rebalance events seen by stream threads.
     pub rebalances: IntCounter,
     /// Dedup keys deleted by expiry, per pipeline.
@@ -120,6 +122,11 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(0.001, 2.0, 14)?),
         )?;
         registry.register(Box::new(commit_latency.clone()))?;
+        let restore_remaining = IntGaugeVec::new(
+            Opts::new("restore_remaining_records", "Changelog records still to restore"),
+            &["store"],
+        )?;
+        registry.register(Box::new(restore_remaining.clone()))?;
         let idmap_mappings = IntGauge::new("idmap_mappings", "Id links in the global ID-mapping store")?;
         registry.register(Box::new(idmap_mappings.clone()))?;
         let idmap_pending = IntGauge::new(
@@ -139,6 +146,7 @@ impl Metrics {
             transactions_aborted,
             commit_latency,
             restored_records,
+            restore_remaining,
             rebalances,
             expired_keys,
             pending_created,

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 const BATCH: usize = 10_000;
 /// A restore that reads nothing for this long has stalled.
 const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a long restore logs its progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// What a restore did, logged and returned for tests and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +37,7 @@ pub fn restore(
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let name = store.name(index).to_string();
-    let (from_offset, wiped) = match store.changelog_offset(index)? {
+    let (mut from_offset, mut wiped) = match store.changelog_offset(index)? {
         Some(o) => (o + 1, false),
         None if store.has_data(index)? => {
             tracing::warn!(store = %name, partition, "store has data but no changelog offset: wiping it for a full restore");
@@ -45,10 +47,27 @@ pub fn restore(
         None => (0, false),
     };
     let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
-    let (_, high) = consumer
+    let (low, high) = consumer
         .fetch_watermarks(topic, partition, Duration::from_secs(15))
         .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
+    // Policy when records the store still needs were deleted (retention, deleteRecords): the
+    // store cannot be patched, so it is rebuilt from what the changelog still holds.
+    if from_offset > 0 && low > from_offset {
+        tracing::warn!(
+            store = %name,
+            partition,
+            needed_from = from_offset,
+            first_available = low,
+            "changelog records the store needs were deleted; wiping it and restoring fully"
+        );
+        store.wipe(index)?;
+        (from_offset, wiped) = (low, true);
+    }
+    from_offset = from_offset.max(low);
     let mut restored = 0u64;
+    let remaining = metrics.restore_remaining.with_label_values(&[&name]);
+    remaining.set(high.saturating_sub(from_offset));
+    let mut last_progress = Instant::now();
     if high > from_offset {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(from_offset))
@@ -67,6 +86,19 @@ pub fn restore(
                     idle_since = Instant::now();
                     if batch.len() >= BATCH {
                         restored += flush(store, index, &mut batch, last, metrics, &name)?;
+                        remaining.set(high.saturating_sub(last + 1));
+                        if last_progress.elapsed() >= PROGRESS_INTERVAL {
+                            last_progress = Instant::now();
+                            let rate = restored as f64 / started.elapsed().as_secs_f64().max(1e-3);
+                            tracing::info!(
+                                store = %name,
+                                partition,
+                                restored,
+                                remaining = high.saturating_sub(last + 1),
+                                records_per_second = rate as u64,
+                                "restoring"
+                            );
+                        }
                     }
                 }
                 Some(Err(KafkaError::PartitionEOF(_))) => break,
@@ -80,6 +112,7 @@ pub fn restore(
         }
         restored += flush(store, index, &mut batch, last, metrics, &name)?;
     }
+    remaining.set(0);
     let report = RestoreReport {
         from_offset,
         restored,
@@ -93,6 +126,7 @@ pub fn restore(
         restored,
         wiped,
         elapsed_ms = started.elapsed().as_millis() as u64,
+        records_per_second = (restored as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64,
         "restore finished"
     );
     Ok(report)

@@ -242,10 +242,7 @@ impl TaskStore {
     }
 
     /// Committed entries of a store in key order (the overlay is not included).
-    pub fn scan(
-        &self,
-        store: usize,
-    ) -> Result<impl Iterator<Item = Result<Entry, StoreError>> + '_, StoreError> {
+    pub fn scan(&self, store: usize) -> Result<impl Iterator<Item = Result<Entry, StoreError>> + '_, StoreError> {
         let cf = self.cf(&self.names[store])?;
         Ok(self
             .db
