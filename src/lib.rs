@@ -4,6 +4,7 @@ pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod engine;
+pub mod http;
 pub mod metrics;
 pub mod processors;
 pub mod store;

@@ -25,6 +25,9 @@ enum Command {
         /// Stable id of this instance; part of its transactional id, so keep it across restarts.
         #[arg(long, env = "TALLY_INSTANCE_ID")]
         instance_id: Option<String>,
+        /// Serve /metrics, /health/live and /health/ready on this address (e.g. 127.0.0.1:9464).
+        #[arg(long, env = "TALLY_HTTP_ADDRESS")]
+        http_address: Option<std::net::SocketAddr>,
     },
     /// Check topology files and list every problem with its line and column.
     Validate {
@@ -57,9 +60,13 @@ fn main() -> ExitCode {
     };
     commands::logging::init(cli.log_json, filter);
     let result = match cli.command {
-        Command::Run { topology, instance_id } => {
+        Command::Run {
+            topology,
+            instance_id,
+            http_address,
+        } => {
             let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
-            commands::run::run(&topology, &id).map(|()| true)
+            commands::run::run(&topology, &id, http_address).map(|()| true)
         }
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
         Command::Describe { topology } => commands::describe::describe_file(&topology)

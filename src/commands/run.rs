@@ -1,15 +1,18 @@
 //! `tally run`: runs a topology until SIGTERM or Ctrl-C, then commits and leaves the group.
 
 use crate::config;
+use crate::engine::health::Health;
 use crate::engine::{self, Shutdown};
 use crate::metrics::{Metrics, Totals};
 use crate::topology::Topology;
 use anyhow::{Context, Result};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Loads and runs a topology file as `instance_id`.
-pub fn run(path: &Path, instance_id: &str) -> Result<()> {
+/// Loads and runs a topology file as `instance_id`, serving `/metrics` and health on
+/// `http_address` when given.
+pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
     let topology = Arc::new(config::load_file(path)?);
     let metrics = Arc::new(Metrics::new(&topology.application_id).context("registering metrics")?);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -19,9 +22,27 @@ pub fn run(path: &Path, instance_id: &str) -> Result<()> {
         .context("starting the async runtime")?;
     let shutdown = Shutdown::default();
     tracing::info!(application_id = %topology.application_id, instance_id, bootstrap = %topology.kafka.bootstrap_servers, "tally starting");
+    let health = Arc::new(Health::new(topology.processing.threads, topology.id_mapping.is_some()));
     rt.block_on(async {
         tokio::spawn(stop_on_signal(shutdown.clone()));
-        engine::run(topology.clone(), instance_id, metrics.clone(), shutdown).await
+        let server = http_address.map(|addr| {
+            let server = crate::http::serve(addr, metrics.clone(), health.clone(), shutdown.clone());
+            tokio::spawn(server)
+        });
+        let result = engine::run(
+            topology.clone(),
+            instance_id,
+            metrics.clone(),
+            health.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        // The engine may stop on an error before a signal: stop the server too.
+        shutdown.trigger();
+        if let Some(server) = server {
+            server.await.context("HTTP server panicked")??;
+        }
+        result
     })?;
     log_totals(&topology, &metrics);
     Ok(())

@@ -6,6 +6,7 @@
 pub mod generator;
 
 use crate::config;
+use crate::engine::health::Health;
 use crate::engine::{self, Shutdown};
 use crate::metrics::{Metrics, Totals};
 use anyhow::{bail, Context, Result};
@@ -94,7 +95,13 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         .enable_all()
         .build()?;
     let totals = rt.block_on(async {
-        let engine = tokio::spawn(engine::run(topology.clone(), "demo", metrics.clone(), shutdown.clone()));
+        let engine = tokio::spawn(engine::run(
+            topology.clone(),
+            "demo",
+            metrics.clone(),
+            Arc::new(Health::default()),
+            shutdown.clone(),
+        ));
         let deadline = Instant::now() + Duration::from_secs(120);
         // Done when every input record is accounted for, after the repartition hop too.
         let done = |t: &Totals| {

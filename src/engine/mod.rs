@@ -4,6 +4,7 @@ pub mod admin;
 pub mod clients;
 pub mod errors;
 pub mod global;
+pub mod health;
 pub mod producer;
 pub mod purge;
 pub mod restore;
@@ -47,7 +48,13 @@ impl Shutdown {
 }
 
 /// Runs `topology` as instance `instance_id` until `shutdown` is triggered.
-pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metrics>, shutdown: Shutdown) -> Result<()> {
+pub async fn run(
+    topology: Arc<Topology>,
+    instance_id: &str,
+    metrics: Arc<Metrics>,
+    health: Arc<health::Health>,
+    shutdown: Shutdown,
+) -> Result<()> {
     let t = topology.clone();
     let rt = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || admin::prepare_topics(&t, &rt))
@@ -75,6 +82,7 @@ pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metric
             let reader = tokio::task::spawn_blocking(move || global::start(&t, &topic, g, mx, sd))
                 .await
                 .context("ID-mapping reader panicked")??;
+            health.global_loaded();
             Some(reader)
         }
     };
@@ -89,6 +97,7 @@ pub async fn run(topology: Arc<Topology>, instance_id: &str, metrics: Arc<Metric
             shutdown: shutdown.clone(),
             rt: tokio::runtime::Handle::current(),
             global: global.clone(),
+            health: health.clone(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         let handle = std::thread::Builder::new()

@@ -46,6 +46,8 @@ pub struct ThreadConfig {
     pub rt: tokio::runtime::Handle,
     /// The instance's ID-mapping store.
     pub global: Arc<crate::store::GlobalMappings>,
+    /// The instance's readiness.
+    pub health: Arc<super::health::Health>,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
@@ -87,6 +89,8 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         restore_config: clients::restore_consumer(t),
         failure: None,
         last_expiry: Instant::now(),
+        to_open: Vec::new(),
+        joined: false,
     };
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
@@ -105,6 +109,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         if let Some(e) = st.failure.take() {
             return Err(e);
         }
+        st.open_assigned()?;
         match polled {
             Some(Ok(msg)) => st.process(&consumer, &msg)?,
             Some(Err(e)) => match classify(&e) {
@@ -156,8 +161,13 @@ impl ConsumerContext for StreamContext {
                     }
                 }
                 for el in tpl.elements() {
-                    if st.tasks.remove(&(el.topic().to_string(), el.partition())).is_some() {
+                    let key = (el.topic().to_string(), el.partition());
+                    if st.tasks.remove(&key).is_some() {
                         tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
+                    }
+                    if let Some(i) = st.to_open.iter().position(|k| *k == key) {
+                        st.to_open.swap_remove(i);
+                        st.cfg.health.restoring(-1);
                     }
                 }
             }
@@ -168,6 +178,15 @@ impl ConsumerContext for StreamContext {
                     .map(|e| format!("{}[{}]", e.topic(), e.partition()))
                     .collect();
                 tracing::info!(partitions = %parts.join(","), "partitions assigned");
+                // Tasks open and restore right after this poll, before any record is processed.
+                for el in tpl.elements() {
+                    st.to_open.push((el.topic().to_string(), el.partition()));
+                }
+                st.cfg.health.restoring(tpl.count() as isize);
+                if !st.joined {
+                    st.joined = true;
+                    st.cfg.health.thread_joined(true);
+                }
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
         }
@@ -185,9 +204,37 @@ struct ThreadState {
     restore_config: ClientConfig,
     failure: Option<EngineError>,
     last_expiry: Instant,
+    /// Assigned partitions whose tasks are still to open and restore.
+    to_open: Vec<(String, i32)>,
+    /// True once this generation got an assignment (counted in the instance's health).
+    joined: bool,
+}
+
+impl Drop for ThreadState {
+    fn drop(&mut self) {
+        let health = &self.cfg.health;
+        health.restoring(-(self.to_open.len() as isize));
+        if self.joined {
+            health.thread_joined(false);
+        }
+    }
 }
 
 impl ThreadState {
+    /// Opens and restores the tasks of newly assigned partitions.
+    fn open_assigned(&mut self) -> Result<(), EngineError> {
+        while let Some((topic, partition)) = self.to_open.pop() {
+            if !self.tasks.contains_key(&(topic.clone(), partition)) {
+                let task = self.open_task(&topic, partition);
+                self.cfg.health.restoring(-1);
+                self.tasks.insert((topic, partition), task?);
+            } else {
+                self.cfg.health.restoring(-1);
+            }
+        }
+        Ok(())
+    }
+
     fn process(
         &mut self,
         consumer: &BaseConsumer<StreamContext>,

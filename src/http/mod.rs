@@ -1,0 +1,65 @@
+//! The HTTP endpoints: Prometheus `/metrics`, `/health/live`, `/health/ready`.
+
+use crate::engine::health::Health;
+use crate::engine::Shutdown;
+use crate::metrics::Metrics;
+use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus::{Encoder, TextEncoder};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
+
+/// Serves the endpoints on `addr` until `shutdown` is triggered.
+pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, health: Arc<Health>, shutdown: Shutdown) -> Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/health/live", get(|| async { "live\n" }))
+        .route("/health/ready", get(ready))
+        .with_state(AppState { metrics, health });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for /metrics; choose another --http-address"))?;
+    tracing::info!(%addr, "serving /metrics, /health/live and /health/ready");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            while !shutdown.is_triggered() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .context("HTTP server failed")
+}
+
+async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
+    let mut body = Vec::new();
+    match TextEncoder::new().encode(&s.metrics.registry().gather(), &mut body) {
+        Ok(()) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode metrics: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn ready(State(s): State<AppState>) -> impl IntoResponse {
+    if s.health.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: joining the group, restoring state or loading id mappings\n",
+        )
+    }
+}

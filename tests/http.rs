@@ -1,0 +1,93 @@
+//! The HTTP endpoints of a running instance: liveness, readiness after restore, Prometheus text.
+
+mod common;
+
+use common::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+use tally::demo::generator;
+
+/// A plain HTTP/1.0 GET: status code and body.
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn metrics_and_health_endpoints_report_the_running_instance() {
+    let names = Names::new("http");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let gen = generator::payments(300, 50, 2048, 3);
+    produce(&names.input, &gen.records);
+    let addr = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
+        l.local_addr().expect("addr").to_string()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 2048);
+    let env = [("TALLY_HTTP_ADDRESS", addr.clone())];
+    let tally = Tally::start_with_env(&topology, "i1", dir.path().join("tally.log"), &env);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ready = None;
+    while Instant::now() < deadline {
+        if let Some((code, _)) = get(&addr, "/health/ready") {
+            ready = Some(code);
+            if code == 200 {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(ready, Some(200), "ready once joined and restored");
+    assert_eq!(get(&addr, "/health/live").map(|(c, _)| c), Some(200));
+    assert_eq!(
+        wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(60)),
+        gen.expected_keys.len()
+    );
+
+    // Counters publish when a transaction commits; give the last one a moment.
+    let total = gen.records.len() as f64;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (code, body) = get(&addr, "/metrics").expect("metrics answer");
+        assert_eq!(code, 200);
+        if metric(&body, "tally_records_in_total") >= total || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(metric(&body, "tally_records_in_total"), total);
+    assert_eq!(metric(&body, "tally_records_out_total"), gen.expected_keys.len() as f64);
+    assert_eq!(
+        metric(&body, "tally_dead_lettered_total"),
+        gen.poison.values().sum::<u64>() as f64
+    );
+    assert!(metric(&body, "tally_transactions_committed_total") >= 1.0);
+    assert!(
+        body.contains(&format!("application_id=\"{}\"", names.app)),
+        "labelled by application"
+    );
+    tally.stop();
+    assert!(
+        get(&addr, "/health/live").is_none(),
+        "the server stops with the instance"
+    );
+}
