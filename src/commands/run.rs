@@ -21,10 +21,11 @@ pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> 
         .build()
         .context("starting the async runtime")?;
     let shutdown = Shutdown::default();
+    // Handlers are in place before "tally starting" is logged: a SIGTERM from then on is graceful.
+    install_signal_handlers(&rt, shutdown.clone())?;
     tracing::info!(application_id = %topology.application_id, instance_id, bootstrap = %topology.kafka.bootstrap_servers, "tally starting");
     let health = Arc::new(Health::new(topology.processing.threads, topology.id_mapping.is_some()));
     rt.block_on(async {
-        tokio::spawn(stop_on_signal(shutdown.clone()));
         let server = http_address.map(|addr| {
             let server = crate::http::serve(addr, metrics.clone(), health.clone(), shutdown.clone());
             tokio::spawn(server)
@@ -75,28 +76,21 @@ fn log_totals(t: &Topology, metrics: &Metrics) {
     );
 }
 
-async fn stop_on_signal(shutdown: Shutdown) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops tally");
-                std::future::pending::<()>().await;
-            }
+/// SIGTERM and Ctrl-C trigger `shutdown`: commit, leave the group, exit 0.
+fn install_signal_handlers(rt: &tokio::runtime::Runtime, shutdown: Shutdown) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _runtime = rt.enter();
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    rt.spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = interrupt.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    tracing::info!("stop requested: committing the open transaction and leaving the group");
-    shutdown.trigger();
+        tracing::info!("stop requested: committing the open transaction and leaving the group");
+        shutdown.trigger();
+    });
+    Ok(())
 }
 
 /// The host name, as the default instance id (stable across restarts on one host).

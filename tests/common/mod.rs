@@ -323,6 +323,11 @@ impl Tally {
 
     /// SIGTERM and wait for a clean exit; returns the log lines.
     pub fn stop(mut self) -> Vec<serde_json::Value> {
+        // A process killed before it installs its signal handler just dies; wait until it runs.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while events(&self.lines(), "tally starting").is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let pid = self.child.id().to_string();
         let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
         assert!(ok.success());
