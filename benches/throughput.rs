@@ -7,8 +7,6 @@
 mod common;
 
 use common::*;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 use tally::demo::generator;
 
@@ -32,19 +30,7 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
 
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", "tally-bench-reader")
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(&names.output, p, Offset::Beginning)
-            .expect("tpl");
-    }
-    consumer.assign(&tpl).expect("assign");
+    let (consumer, _) = committed_reader(&names.output, false);
 
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = write_topology(dir.path(), &names, 65536);

@@ -143,17 +143,17 @@ fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known:
     let records_mappings = routes
         .as_ref()
         .is_some_and(|rs| rs.iter().all(|r| r.strategy == Strategy::RecordMapping));
-    let output = match p.to {
+    let output = match (p.to, known.mapping_topic) {
         // A write-back pipeline writes to the mappings topic.
-        None if records_mappings && known.mapping_topic.is_some() => Some(Output {
-            topic: known.mapping_topic.unwrap_or_default().to_string(),
+        (None, Some(mappings)) if records_mappings => Some(Output {
+            topic: mappings.to_string(),
             key: None,
         }),
-        None => {
+        (None, _) => {
             c.at_loc(at, format!("{label} needs `to: {{ topic: … }}`"));
             None
         }
-        Some(to) => {
+        (Some(to), _) => {
             let topic = required(
                 c,
                 to.value.topic,
@@ -268,20 +268,7 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
             "overwrite" => overwrite(c, &r, at, label),
             "merge" => merge(c, &r, at, label),
             "record_mapping" => {
-                unused(
-                    c,
-                    label,
-                    "record_mapping",
-                    &[
-                        ("retention", r.retention.as_ref().map(|t| t.referenced)),
-                        ("entity", r.entity.as_ref().map(|t| t.referenced)),
-                        ("version", r.version.as_ref().map(|t| t.referenced)),
-                        ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
-                        ("into", r.into.as_ref().map(|t| t.referenced)),
-                        ("emit", r.emit.as_ref().map(|t| t.referenced)),
-                        ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
-                    ],
-                );
+                reject_unused(c, label, "record_mapping", &r, &[]);
                 Some(Strategy::RecordMapping)
             }
             other => {
@@ -297,12 +284,21 @@ fn route(c: &mut Collector, r: RawRoute, at: Location, label: &str) -> Option<Ro
     })
 }
 
-/// Reports fields that the route's strategy does not use.
-fn unused(c: &mut Collector, label: &str, strategy: &str, fields: &[(&str, Option<Location>)]) {
+/// Reports the route fields that `strategy` does not use (anything but `used`).
+fn reject_unused(c: &mut Collector, label: &str, strategy: &str, r: &RawRoute, used: &[&str]) {
+    let fields = [
+        ("retention", r.retention.as_ref().map(|t| t.referenced)),
+        ("entity", r.entity.as_ref().map(|t| t.referenced)),
+        ("version", r.version.as_ref().map(|t| t.referenced)),
+        ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
+        ("into", r.into.as_ref().map(|t| t.referenced)),
+        ("emit", r.emit.as_ref().map(|t| t.referenced)),
+        ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
+    ];
     for (name, at) in fields {
-        if let Some(loc) = at {
+        if let (Some(loc), false) = (at, used.contains(&name)) {
             c.at_loc(
-                *loc,
+                loc,
                 format!("{label}: `{name}` has no meaning for strategy `{strategy}`; remove it"),
             );
         }
@@ -310,19 +306,7 @@ fn unused(c: &mut Collector, label: &str, strategy: &str, fields: &[(&str, Optio
 }
 
 fn ignore(c: &mut Collector, r: &RawRoute, label: &str) -> Option<Strategy> {
-    unused(
-        c,
-        label,
-        "ignore",
-        &[
-            ("entity", r.entity.as_ref().map(|t| t.referenced)),
-            ("version", r.version.as_ref().map(|t| t.referenced)),
-            ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
-            ("into", r.into.as_ref().map(|t| t.referenced)),
-            ("emit", r.emit.as_ref().map(|t| t.referenced)),
-            ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
-        ],
-    );
+    reject_unused(c, label, "ignore", r, &["retention"]);
     let retention = match &r.retention {
         None => DEFAULT_RETENTION,
         Some(t) => match humantime::parse_duration(&t.value) {
@@ -347,18 +331,7 @@ fn ignore(c: &mut Collector, r: &RawRoute, label: &str) -> Option<Strategy> {
 }
 
 fn overwrite(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Option<Strategy> {
-    unused(
-        c,
-        label,
-        "overwrite",
-        &[
-            ("retention", r.retention.as_ref().map(|t| t.referenced)),
-            ("increment_id", r.increment_id.as_ref().map(|t| t.referenced)),
-            ("into", r.into.as_ref().map(|t| t.referenced)),
-            ("emit", r.emit.as_ref().map(|t| t.referenced)),
-            ("max_state_bytes", r.max_state_bytes.as_ref().map(|t| t.referenced)),
-        ],
-    );
+    reject_unused(c, label, "overwrite", r, &["entity", "version"]);
     let entity = route_template(
         c,
         &r.entity,
@@ -376,14 +349,12 @@ fn overwrite(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Opti
 }
 
 fn merge(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Option<Strategy> {
-    unused(
+    reject_unused(
         c,
         label,
         "merge",
-        &[
-            ("retention", r.retention.as_ref().map(|t| t.referenced)),
-            ("version", r.version.as_ref().map(|t| t.referenced)),
-        ],
+        r,
+        &["entity", "increment_id", "into", "emit", "max_state_bytes"],
     );
     let entity = route_template(c, &r.entity, at, label, "merge", "entity", "\"{cart_id}\"");
     let increment_id = route_template(c, &r.increment_id, at, label, "merge", "increment_id", "\"{line_id}\"");

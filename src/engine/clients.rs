@@ -40,13 +40,14 @@ pub fn transactional_producer(t: &Topology, transactional_id: &str) -> ClientCon
     c
 }
 
-/// A group-less consumer that reads a changelog partition to its committed end.
+/// A consumer that reads a changelog partition to its end (assigned, never joins the group;
+/// short fetch waits, so reaching the end of a small tail is quick).
 pub fn restore_consumer(t: &Topology) -> ClientConfig {
     let mut c = base(t);
     c.set("group.id", format!("{}-restore", t.application_id))
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
+        .set_if_absent("fetch.wait.max.ms", "10")
         .set_if_absent("fetch.max.bytes", "52428800");
     c
 }

@@ -4,7 +4,7 @@ use super::errors::{classify, ErrorClass};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Message, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -51,8 +51,11 @@ pub struct Outgoing<'a> {
 }
 
 /// A transactional producer with the transaction begun lazily on the first send.
+///
+/// Threaded: a background thread serves delivery reports, which `abort_transaction` waits for;
+/// on a producer nobody polls during the call, an abort blocks until its timeout.
 pub struct TxnProducer {
-    producer: BaseProducer<DeliveryTracker>,
+    producer: ThreadedProducer<DeliveryTracker>,
     in_transaction: bool,
     timeout: Duration,
 }
@@ -61,7 +64,7 @@ impl TxnProducer {
     /// Creates the producer and initialises transactions, fencing older producers of the same
     /// transactional id (and aborting what they left open).
     pub fn new(config: &ClientConfig, timeout: Duration) -> KafkaResult<Self> {
-        let producer: BaseProducer<DeliveryTracker> = config.create_with_context(DeliveryTracker::default())?;
+        let producer: ThreadedProducer<DeliveryTracker> = config.create_with_context(DeliveryTracker::default())?;
         retry(timeout, || producer.init_transactions(timeout))?;
         Ok(Self {
             producer,
@@ -103,16 +106,11 @@ impl TxnProducer {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
-                    self.producer.poll(Duration::from_millis(50));
+                    std::thread::sleep(Duration::from_millis(5));
                 }
                 Err((e, _)) => return Err(e),
             }
         }
-    }
-
-    /// Serves delivery reports.
-    pub fn poll(&self) {
-        self.producer.poll(Duration::ZERO);
     }
 
     /// Adds the consumed offsets to the transaction and commits it. Returns the highest

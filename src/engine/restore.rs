@@ -4,7 +4,6 @@ use crate::metrics::Metrics;
 use crate::store::TaskStore;
 use anyhow::{bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 
@@ -76,8 +75,10 @@ pub fn restore(
         let mut batch = Vec::with_capacity(BATCH);
         let mut last = from_offset - 1;
         let mut idle_since = Instant::now();
-        loop {
-            match consumer.poll(Duration::from_millis(200)) {
+        // The end is the high watermark, past the last commit marker; read_committed skips the
+        // markers and aborted records, so the position is what tells when it is reached.
+        while position(&consumer, topic, partition) < high {
+            match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
                     if let Some(key) = m.key() {
                         batch.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
@@ -101,10 +102,10 @@ pub fn restore(
                         }
                     }
                 }
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
                 Some(Err(e)) => bail!("reading changelog `{topic}` partition {partition}: {e}"),
                 None if idle_since.elapsed() > STALL_TIMEOUT => bail!(
-                    "restore of `{topic}` partition {partition} stalled at offset {last} for {}s; is a transaction left open on it?",
+                    "restore of `{topic}` partition {partition} stalled at offset {last} (end {high}) for {}s; \
+                     is a transaction left open on it?",
                     STALL_TIMEOUT.as_secs()
                 ),
                 None => {}
@@ -130,6 +131,19 @@ pub fn restore(
         "restore finished"
     );
     Ok(report)
+}
+
+/// The consumer's fetch position in the partition (0 before the first fetch).
+fn position(consumer: &BaseConsumer, topic: &str, partition: i32) -> i64 {
+    let read = || {
+        consumer
+            .position()
+            .ok()?
+            .find_partition(topic, partition)?
+            .offset()
+            .to_raw()
+    };
+    read().unwrap_or(0)
 }
 
 fn flush(

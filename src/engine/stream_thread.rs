@@ -118,7 +118,6 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             },
             None => {}
         }
-        st.producer.poll();
         st.expire_due(&consumer)?;
         if st.commit_due() {
             st.commit(&consumer)?;

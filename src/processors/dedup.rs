@@ -54,11 +54,7 @@ pub fn expire(
     let mut expired = Vec::new();
     for item in store.scan(index)? {
         let (key, value) = item?;
-        let entry: DedupEntry = crate::store::codec::decode(&value).map_err(|source| StateError::Codec {
-            store: store.name(index).to_string(),
-            key: String::from_utf8_lossy(&key).into_owned(),
-            source,
-        })?;
+        let entry: DedupEntry = state::decode(store, index, &key, &value)?;
         if entry.first_seen_ms <= cutoff {
             expired.push(key);
             if expired.len() >= limit {

@@ -30,12 +30,17 @@ pub enum StateError {
 pub fn read<T: DeserializeOwned>(store: &TaskStore, index: usize, key: &str) -> Result<Option<T>, StateError> {
     match store.get(index, key.as_bytes())? {
         None => Ok(None),
-        Some(bytes) => codec::decode(&bytes).map(Some).map_err(|source| StateError::Codec {
-            store: store.name(index).to_string(),
-            key: key.to_string(),
-            source,
-        }),
+        Some(bytes) => decode(store, index, key.as_bytes(), &bytes).map(Some),
     }
+}
+
+/// Decodes a value read from store `index`, naming the store and key when it is corrupt.
+pub fn decode<T: DeserializeOwned>(store: &TaskStore, index: usize, key: &[u8], bytes: &[u8]) -> Result<T, StateError> {
+    codec::decode(bytes).map_err(|source| StateError::Codec {
+        store: store.name(index).to_string(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        source,
+    })
 }
 
 /// Encodes and writes `value` under `key` in store `index` (overlay + changelog).

@@ -110,14 +110,14 @@ pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pau
     producer.flush(Duration::from_secs(60)).expect("flush input");
 }
 
-/// Reads every committed record of `topic` (read_committed) until at least `min` arrived and
-/// the end of every partition is reached, or `timeout` passes.
-pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMessage> {
+/// A read_committed consumer assigned to every partition of `topic` from the beginning, and the
+/// partition count; `eof` turns on end-of-partition events.
+pub fn committed_reader(topic: &str, eof: bool) -> (BaseConsumer, usize) {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", "tally-test-reader")
         .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
+        .set("enable.partition.eof", if eof { "true" } else { "false" })
         .set("enable.auto.commit", "false")
         .create()
         .expect("consumer");
@@ -130,6 +130,13 @@ pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMe
         tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
     }
     consumer.assign(&tpl).expect("assign");
+    (consumer, partitions)
+}
+
+/// Reads every committed record of `topic` (read_committed) until at least `min` arrived and
+/// the end of every partition is reached, or `timeout` passes.
+pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMessage> {
+    let (consumer, partitions) = committed_reader(topic, true);
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     let mut at_end: HashMap<i32, bool> = HashMap::new();
@@ -341,10 +348,15 @@ impl Tally {
                 );
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "tally did not stop within 60 s after SIGTERM"
-            );
+            if Instant::now() >= deadline {
+                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "tally did not stop within 60 s after SIGTERM; last log lines:\n{}",
+                    tail.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
         self.lines()
@@ -386,22 +398,7 @@ pub struct Watcher {
 impl Watcher {
     /// Starts reading `topic` (read_committed) from the beginning of every partition.
     pub fn new(topic: &str) -> Self {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap())
-            .set("group.id", "tally-test-watcher")
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("consumer");
-        let md = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("metadata");
-        let partitions = md.topics().first().map(|t| t.partitions().len()).unwrap_or(0);
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions as i32 {
-            tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
-        }
-        consumer.assign(&tpl).expect("assign");
+        let (consumer, _) = committed_reader(topic, false);
         Self { consumer, seen: 0 }
     }
 
