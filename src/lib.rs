@@ -9,3 +9,4 @@ pub mod metrics;
 pub mod processors;
 pub mod store;
 pub mod topology;
+pub mod trace;

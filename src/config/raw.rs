@@ -19,6 +19,15 @@ pub struct RawTopology {
     pub pipelines: Option<Spanned<Vec<Spanned<RawPipeline>>>>,
     pub dead_letter: Option<Spanned<RawDeadLetter>>,
     pub id_mapping: Option<Spanned<RawIdMapping>>,
+    pub trace: Option<Spanned<RawTrace>>,
+}
+
+/// `trace:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTrace {
+    pub topic: Option<Text>,
+    pub level: Option<Text>,
 }
 
 /// `id_mapping:`

@@ -2,7 +2,8 @@
 
 use super::diagnostics::Collector;
 use super::raw::{RawTopology, Text};
-use crate::topology::{IdMapping, KafkaSettings, Processing, Source, Strategy, Topology};
+use crate::topology::{IdMapping, KafkaSettings, Processing, Source, Strategy, Topology, TraceSettings};
+use crate::trace::Level;
 use serde_saphyr::{Location, Spanned};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -62,6 +63,7 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
 
     let sources = sources(c, raw.sources);
     let id_mapping = raw.id_mapping.map(|m| id_mapping(c, m));
+    let trace = raw.trace.map(|t| trace(c, t));
     let known = Known {
         sources: sources.as_ref(),
         application_id: application_id.as_deref(),
@@ -117,6 +119,10 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
         sources: sources?,
         pipelines: pipelines?,
         dead_letter_topic: dead_letter_topic?,
+        trace: match trace {
+            None => None,
+            Some(t) => Some(t?),
+        },
         id_mapping: match id_mapping {
             None => None,
             Some(m) => Some(m?),
@@ -133,6 +139,26 @@ pub(super) struct Known<'a> {
     pub application_id: Option<&'a str>,
     /// The ID-mapping topic, when configured.
     pub mapping_topic: Option<&'a str>,
+}
+
+fn trace(c: &mut Collector, raw: Spanned<super::raw::RawTrace>) -> Option<TraceSettings> {
+    let topic = required(c, raw.value.topic, Some(raw.referenced), "`trace.topic` is required")
+        .and_then(|t| kafka_name(c, &t, "trace.topic"));
+    let level = match raw.value.level.as_ref().map(|l| (l.value.as_str(), l.referenced)) {
+        None | Some(("terminal", _)) => Some(Level::Terminal),
+        Some(("all", _)) => Some(Level::All),
+        Some((other, at)) => {
+            c.at_loc(
+                at,
+                format!("`trace.level: {other}` is not known; use `all` or `terminal`"),
+            );
+            None
+        }
+    };
+    Some(TraceSettings {
+        topic: topic?,
+        level: level?,
+    })
 }
 
 fn id_mapping(c: &mut Collector, raw: Spanned<super::raw::RawIdMapping>) -> Option<IdMapping> {

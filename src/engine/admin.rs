@@ -54,6 +54,29 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
     if let Some(m) = &t.id_mapping {
         ensure_internal(&admin, rt, &m.topic, m.partitions, &[("cleanup.policy", "compact")])?;
     }
+    // Sink topics are the user's: tally checks them rather than let a transaction fail later.
+    let mut sinks: Vec<(&str, String)> = t
+        .pipelines
+        .iter()
+        .map(|p| {
+            (
+                p.output.topic.as_str(),
+                format!("output topic of pipeline `{}`", p.name),
+            )
+        })
+        .collect();
+    sinks.push((&t.dead_letter_topic, "dead-letter topic".to_string()));
+    if let Some(tr) = &t.trace {
+        sinks.push((&tr.topic, "trace topic".to_string()));
+    }
+    for (topic, what) in sinks {
+        if partition_count(&admin, topic)?.is_none() {
+            bail!(
+                "the {what} `{topic}` does not exist on {}; create it",
+                t.kafka.bootstrap_servers
+            );
+        }
+    }
     Ok(partitions)
 }
 

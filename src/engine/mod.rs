@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod clients;
+pub mod emit;
 pub mod errors;
 pub mod global;
 pub mod health;

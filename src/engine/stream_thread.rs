@@ -2,11 +2,12 @@
 //! committing outputs, changelogs and offsets in one transaction every commit interval.
 
 use super::clients;
+use super::emit::{Counts, ProcessError};
 use super::errors::{classify, EngineError, ErrorClass};
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore;
-use super::task::{Counts, ProcessError, Sinks, Task, Work};
+use super::task::{Sinks, Task, Work};
 use super::Shutdown;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
@@ -310,8 +311,9 @@ impl ThreadState {
         let sinks = Sinks {
             dead_letter: t.dead_letter_topic.clone(),
             mappings: t.id_mapping.as_ref().map(|m| m.topic.clone()),
+            trace: t.trace.as_ref().map(|tr| (tr.topic.clone(), tr.level)),
         };
-        Ok(Task::new(partition, processor, work, sinks))
+        Ok(Task::new(&t.application_id, partition, processor, work, sinks))
     }
 
     /// Every expiry interval, deletes expired dedup keys of every task inside the transaction.
@@ -320,7 +322,7 @@ impl ThreadState {
             return Ok(());
         }
         self.last_expiry = Instant::now();
-        let now = super::task::now_ms();
+        let now = super::emit::now_ms();
         for task in self.tasks.values_mut() {
             match task.expire(now, &mut self.producer, EXPIRY_BATCH) {
                 Ok(0) => {}

@@ -74,6 +74,28 @@ pub struct Processed {
     pub correlation_id: String,
 }
 
+/// A record re-keyed for a repartition topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rekeyed {
+    /// The new message key.
+    pub key: String,
+    /// The record's correlation id (for its trace record).
+    pub correlation_id: String,
+}
+
+impl Decision {
+    /// The idempotency key the decision was made for, when the record had one.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        match self {
+            Decision::Emit { idempotency_key, .. }
+            | Decision::Duplicate { idempotency_key }
+            | Decision::Stale { idempotency_key, .. }
+            | Decision::Mapping { idempotency_key, .. } => Some(idempotency_key),
+            Decision::Reject(_) => None,
+        }
+    }
+}
+
 /// Runs records of one pipeline against a task's stores.
 pub struct PipelineProcessor {
     pipeline: Arc<Pipeline>,
@@ -267,11 +289,19 @@ impl PipelineProcessor {
     }
 
     /// For a repartition stage: the record's new message key, or its rejection.
-    pub fn rekey(&self, template: &KeyTemplate, input: &Input<'_>) -> Result<String, Processed> {
+    pub fn rekey(&self, template: &KeyTemplate, input: &Input<'_>) -> Result<Rekeyed, Processed> {
         let doc = self.decode(input.payload).map_err(|r| self.rejected(input, None, r))?;
-        template
+        let key = template
             .render(&doc)
-            .map_err(|e| self.rejected(input, Some(&doc), key_rejection(e, "repartition key")))
+            .map_err(|e| self.rejected(input, Some(&doc), key_rejection(e, "repartition key")))?;
+        let (topic, partition, offset) = input.coordinates;
+        let seed = match self.pipeline.key.render(&doc) {
+            Ok(k) => k,
+            Err(_) => format!("{topic}/{partition}/{offset}"),
+        };
+        let correlation_id =
+            correlation::resolve(&self.pipeline.correlation, input.correlation_header, Some(&doc), &seed);
+        Ok(Rekeyed { key, correlation_id })
     }
 
     fn decode(&self, payload: Option<&[u8]>) -> Result<Map<String, Value>, Rejection> {
@@ -468,7 +498,10 @@ dead_letter: { topic: dlq }
             coordinates: ("in", 1, 2),
             now_ms: 0,
         };
-        assert_eq!(p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)), Ok("P9".to_string()));
+        assert_eq!(
+            p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)).map(|r| r.key),
+            Ok("P9".to_string())
+        );
         let rejected = p.rekey(&t, &input(br#"{"status":"PAID"}"#)).expect_err("no payment_id");
         assert!(matches!(
             rejected.decision,

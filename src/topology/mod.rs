@@ -31,6 +31,17 @@ pub struct Topology {
     pub dead_letter_topic: String,
     /// The global ID-mapping store, when a pipeline maps or records ids.
     pub id_mapping: Option<IdMapping>,
+    /// Where trace records go, when tracing.
+    pub trace: Option<TraceSettings>,
+}
+
+/// The trace topic and how much is written to it.
+#[derive(Debug, Clone)]
+pub struct TraceSettings {
+    /// The trace topic (shared with other systems' trace writers).
+    pub topic: String,
+    /// All statuses, or terminal ones only.
+    pub level: crate::trace::Level,
 }
 
 /// The compacted topic behind the global ID-mapping store.

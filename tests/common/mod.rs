@@ -27,6 +27,7 @@ pub struct Names {
     pub dlq: String,
     pub writeback: String,
     pub mappings: String,
+    pub trace: String,
 }
 
 impl Names {
@@ -43,6 +44,7 @@ impl Names {
             dlq: format!("dlq-{id}"),
             writeback: format!("wb-{id}"),
             mappings: format!("map-{id}"),
+            trace: format!("trace-{id}"),
         }
     }
 

@@ -1,0 +1,362 @@
+//! What a task writes into the open transaction besides changelogs: outputs, dead letters,
+//! pending-create markers and trace records, with the headers tally sets and the counts.
+
+use super::producer::{Outgoing, TxnProducer};
+use crate::processors::idmap::pending_key;
+use crate::processors::{Decision, Processed, Reason, Rejection};
+use crate::store::Change;
+use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::Message;
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Header naming the systems whose id an output lacks (pending-create).
+pub const PENDING_CREATE_HEADER: &str = "tally.pending_create";
+/// Header carrying the business idempotency key on outputs.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "tally.idempotency_key";
+/// Machine-readable dead-letter reason.
+pub const REASON_HEADER: &str = "tally.error.reason";
+/// Human-readable detail of a dead-letter reason.
+pub const DETAIL_HEADER: &str = "tally.error.detail";
+/// Source topic of an event (on dead letters, and on records crossing a repartition topic).
+pub const SOURCE_TOPIC_HEADER: &str = "tally.source.topic";
+/// Source partition of an event.
+pub const SOURCE_PARTITION_HEADER: &str = "tally.source.partition";
+/// Source offset of an event.
+pub const SOURCE_OFFSET_HEADER: &str = "tally.source.offset";
+
+/// Outcome counts of the open transaction, published to metrics only when it commits.
+#[derive(Debug, Default, Clone)]
+pub struct Counts {
+    /// Records consumed from a source topic.
+    pub records_in: u64,
+    /// Records forwarded to a repartition topic.
+    pub repartitioned: u64,
+    /// Records emitted.
+    pub records_out: u64,
+    /// Duplicates dropped.
+    pub duplicates: u64,
+    /// Stale versions dropped.
+    pub stale: u64,
+    /// Outputs emitted pending-create.
+    pub pending_created: u64,
+    /// Dedup keys deleted by expiry.
+    pub expired: u64,
+    /// Dead-lettered by reason.
+    pub dead_lettered: BTreeMap<Reason, u64>,
+}
+
+/// Why processing one record failed.
+pub enum ProcessError {
+    /// A Kafka call failed; the caller classifies it.
+    Kafka(KafkaError),
+    /// The store failed: the task cannot go on.
+    Engine(super::errors::EngineError),
+}
+
+/// Where an event came from: its source topic, partition and offset, kept across a repartition.
+pub struct SourcePlace {
+    /// Source topic.
+    pub topic: String,
+    /// Source partition.
+    pub partition: String,
+    /// Source offset.
+    pub offset: String,
+}
+
+impl SourcePlace {
+    /// The place a consumed record stands for: its own, or the one its headers carry.
+    pub fn of(msg: &BorrowedMessage<'_>) -> Self {
+        match (
+            header_text(msg, SOURCE_TOPIC_HEADER),
+            header_text(msg, SOURCE_PARTITION_HEADER),
+            header_text(msg, SOURCE_OFFSET_HEADER),
+        ) {
+            (Some(t), Some(p), Some(o)) => Self {
+                topic: t.into(),
+                partition: p.into(),
+                offset: o.into(),
+            },
+            _ => Self {
+                topic: msg.topic().to_string(),
+                partition: msg.partition().to_string(),
+                offset: msg.offset().to_string(),
+            },
+        }
+    }
+
+    /// The event id of trace records: `<topic>/<partition>/<offset>`.
+    pub fn event_id(&self) -> String {
+        format!("{}/{}/{}", self.topic, self.partition, self.offset)
+    }
+
+    /// The headers that carry this place across a repartition topic.
+    pub fn headers(&self, headers: OwnedHeaders) -> OwnedHeaders {
+        headers
+            .insert(header(SOURCE_TOPIC_HEADER, &self.topic))
+            .insert(header(SOURCE_PARTITION_HEADER, &self.partition))
+            .insert(header(SOURCE_OFFSET_HEADER, &self.offset))
+    }
+}
+
+/// A task's sinks and the counts of its open transaction.
+pub struct Emitter {
+    /// The task's partition (of its changelogs).
+    pub partition: i32,
+    /// The pipeline's output topic.
+    pub output_topic: String,
+    /// The dead-letter topic.
+    pub dead_letter_topic: String,
+    /// The ID-mapping topic (pending-create markers), when configured.
+    pub mappings_topic: Option<String>,
+    /// Trace settings of this node, when tracing.
+    pub trace: Option<TraceSink>,
+    /// The header the correlation id is read from and written to.
+    pub correlation_header: String,
+    /// What the open transaction did.
+    pub counts: Counts,
+}
+
+impl Emitter {
+    /// Writes a trace record for the event at `place`, if this node traces that status.
+    pub fn trace(
+        &self,
+        producer: &mut TxnProducer,
+        event_id: &str,
+        key: Option<&str>,
+        correlation_id: &str,
+        status: Status,
+        outcome: Option<Outcome>,
+    ) -> Result<(), ProcessError> {
+        let Some(sink) = &self.trace else { return Ok(()) };
+        let record = TraceRecord {
+            format: FORMAT,
+            event_id,
+            idempotency_key: key,
+            correlation_id,
+            node: &sink.node,
+            status,
+            outcome,
+            timestamp_ms: now_ms(),
+        };
+        let Some((k, v)) = sink.encode(&record) else {
+            return Ok(());
+        };
+        producer
+            .send(Outgoing {
+                topic: &sink.topic,
+                partition: None,
+                key: Some(k.as_bytes()),
+                payload: Some(&v),
+                headers: OwnedHeaders::new().insert(header(&self.correlation_header, correlation_id)),
+            })
+            .map_err(ProcessError::Kafka)
+    }
+
+    /// Produces what a decision calls for and its terminal trace record.
+    pub fn decision(
+        &mut self,
+        producer: &mut TxnProducer,
+        msg: &BorrowedMessage<'_>,
+        place: &SourcePlace,
+        processed: &Processed,
+        now_ms: i64,
+    ) -> Result<(), ProcessError> {
+        let event_id = place.event_id();
+        let corr = processed.correlation_id.as_str();
+        let (key, status, outcome) = match &processed.decision {
+            Decision::Emit {
+                idempotency_key,
+                output_key,
+                payload,
+                pending,
+            } => {
+                let mut headers = copy_headers(msg, &self.correlation_header)
+                    .insert(header(&self.correlation_header, corr))
+                    .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
+                if !pending.is_empty() {
+                    let systems: Vec<&str> = pending.iter().map(|p| p.system.as_str()).collect();
+                    headers = headers.insert(header(PENDING_CREATE_HEADER, &systems.join(",")));
+                    self.counts.pending_created += 1;
+                }
+                let out = Outgoing {
+                    topic: &self.output_topic,
+                    partition: None,
+                    key: Some(output_key.as_bytes()),
+                    payload: payload.as_deref().or(msg.payload()),
+                    headers,
+                };
+                producer.send(out).map_err(ProcessError::Kafka)?;
+                // Markers let every instance count what still waits for a write-back.
+                if let Some(topic) = &self.mappings_topic {
+                    for p in pending {
+                        let marker = serde_json::json!({
+                            "correlation_id": corr, "idempotency_key": idempotency_key, "since_ms": now_ms,
+                        })
+                        .to_string();
+                        let key = pending_key(&p.system, &p.internal_id);
+                        let out = Outgoing {
+                            topic,
+                            partition: None,
+                            key: Some(key.as_bytes()),
+                            payload: Some(marker.as_bytes()),
+                            headers: OwnedHeaders::new(),
+                        };
+                        producer.send(out).map_err(ProcessError::Kafka)?;
+                    }
+                }
+                self.counts.records_out += 1;
+                let outcome = (!pending.is_empty()).then_some(Outcome::PendingCreate);
+                (Some(idempotency_key.as_str()), Status::Completed, outcome)
+            }
+            Decision::Mapping {
+                idempotency_key,
+                records,
+            } => {
+                for (key, value) in records {
+                    let out = Outgoing {
+                        topic: &self.output_topic,
+                        partition: None,
+                        key: Some(key.as_bytes()),
+                        payload: value.as_deref().map(str::as_bytes),
+                        headers: OwnedHeaders::new(),
+                    };
+                    producer.send(out).map_err(ProcessError::Kafka)?;
+                }
+                self.counts.records_out += 1;
+                (Some(idempotency_key.as_str()), Status::Completed, None)
+            }
+            Decision::Stale {
+                idempotency_key,
+                version,
+                current,
+            } => {
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    event_span(corr, Some(idempotency_key))
+                        .in_scope(|| tracing::debug!(version, current, "stale version dropped"));
+                }
+                self.counts.stale += 1;
+                (Some(idempotency_key.as_str()), Status::Completed, Some(Outcome::Stale))
+            }
+            Decision::Duplicate { idempotency_key } => {
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    event_span(corr, Some(idempotency_key)).in_scope(|| tracing::debug!("duplicate dropped"));
+                }
+                self.counts.duplicates += 1;
+                (
+                    Some(idempotency_key.as_str()),
+                    Status::Completed,
+                    Some(Outcome::Duplicate),
+                )
+            }
+            Decision::Reject(_) => {
+                self.dead_letter(producer, msg, place, processed)?;
+                (None, Status::Failed, Some(Outcome::DeadLetter))
+            }
+        };
+        self.trace(producer, &event_id, key, corr, status, outcome)
+    }
+
+    /// Sends a rejected record, with its original bytes and headers, to the dead-letter topic.
+    pub fn dead_letter(
+        &mut self,
+        producer: &mut TxnProducer,
+        msg: &BorrowedMessage<'_>,
+        place: &SourcePlace,
+        processed: &Processed,
+    ) -> Result<(), ProcessError> {
+        let Decision::Reject(Rejection { reason, detail }) = &processed.decision else {
+            return Ok(());
+        };
+        event_span(&processed.correlation_id, None).in_scope(|| {
+            tracing::warn!(
+                reason = %reason,
+                detail = %detail,
+                topic = %place.topic,
+                partition = %place.partition,
+                offset = %place.offset,
+                "record dead-lettered"
+            )
+        });
+        let headers = copy_headers(msg, &self.correlation_header)
+            .insert(header(&self.correlation_header, &processed.correlation_id))
+            .insert(header(REASON_HEADER, reason.as_str()))
+            .insert(header(DETAIL_HEADER, detail));
+        let out = Outgoing {
+            topic: &self.dead_letter_topic,
+            partition: None,
+            key: msg.key(),
+            payload: msg.payload(),
+            headers: place.headers(headers),
+        };
+        producer.send(out).map_err(ProcessError::Kafka)?;
+        *self.counts.dead_lettered.entry(*reason).or_default() += 1;
+        Ok(())
+    }
+
+    /// Produces store changes to their changelog partition.
+    pub fn changes(
+        &self,
+        producer: &mut TxnProducer,
+        changelogs: &[String],
+        changes: Vec<Change>,
+    ) -> Result<(), ProcessError> {
+        for change in changes {
+            let out = Outgoing {
+                topic: &changelogs[change.store],
+                partition: Some(self.partition),
+                key: Some(&change.key),
+                payload: change.value.as_deref(),
+                headers: OwnedHeaders::new(),
+            };
+            producer.send(out).map_err(ProcessError::Kafka)?;
+        }
+        Ok(())
+    }
+}
+
+/// The span of every log line about one event, so its correlation id is on each line.
+fn event_span(correlation_id: &str, idempotency_key: Option<&str>) -> tracing::Span {
+    tracing::info_span!("event", correlation_id, idempotency_key)
+}
+
+/// A header's value as text.
+pub fn header_text<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
+    msg.headers()?
+        .iter()
+        .find(|h| h.key == key)
+        .and_then(|h| std::str::from_utf8(h.value?).ok())
+}
+
+/// A text header.
+pub fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header {
+        key,
+        value: Some(value),
+    }
+}
+
+/// The input's headers, minus the ones tally sets itself (`skip` and `tally.*`).
+pub fn copy_headers(msg: &BorrowedMessage<'_>, skip: &str) -> OwnedHeaders {
+    let mut out = OwnedHeaders::new();
+    if let Some(hs) = msg.headers() {
+        for h in hs.iter() {
+            if h.key != skip && !h.key.starts_with("tally.") {
+                out = out.insert(Header {
+                    key: h.key,
+                    value: h.value,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Wall-clock time in ms since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
