@@ -165,15 +165,14 @@ fn sigkill_mid_run_then_restart_loses_nothing_and_restores_only_the_tail() {
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = write_topology(dir.path(), &names, 65536);
 
-    // Input keeps arriving while the first instance runs, so the kill lands mid-transaction.
+    // The input is all there, so the first instance is busy when the kill lands: a transaction
+    // with outputs and store writes is open.
+    produce(&names.input, &gen.records);
     let first = Tally::start(&topology, "i1", dir.path().join("first.log"));
-    let (input, records) = (names.input.clone(), gen.records.clone());
-    let writer = std::thread::spawn(move || produce_paced(&input, &records, 2_000, Duration::from_millis(300)));
     let target = gen.expected_keys.len() / 5;
     let got = wait_for_count(&names.output, target, Duration::from_secs(120));
     assert!(got >= target, "first run made progress ({got})");
     first.kill();
-    writer.join().expect("writer");
     let partial = read_committed(&names.output, 0, Duration::from_secs(10)).len();
     assert!(partial < gen.expected_keys.len(), "killed before the end ({partial})");
     // What the first instance committed to the changelog; its open transaction stays invisible.
