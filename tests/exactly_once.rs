@@ -203,6 +203,7 @@ fn sigkill_mid_run_then_restart_loses_nothing_and_restores_only_the_tail() {
             .filter(|m| m.partition() == partition && m.offset() < from)
             .count();
         assert!(written_before > 0, "the store kept what it had before the kill");
+        eprintln!("partition {partition}: store kept {written_before} changelog records, resumed at offset {from}, restored {tail}");
         assert_eq!(
             r["restored"].as_u64(),
             Some(tail),
