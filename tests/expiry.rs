@@ -22,33 +22,23 @@ fn an_expired_key_is_tombstoned_in_the_changelog_and_accepted_again() {
     let names = Names::new("expiry");
     create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = format!(
-        r#"
-application_id: {app}
-kafka: {{ bootstrap_servers: "{bootstrap}" }}
-processing: {{ commit_interval_ms: 100, expiry_scan_interval_ms: 500 }}
-state: {{ dir: {state} }}
-sources: {{ payments: {{ topic: {input} }} }}
+    let yaml = r#"
+application_id: ${TALLY_APP_ID}
+kafka: { bootstrap_servers: "${KAFKA_BOOTSTRAP}" }
+processing: { commit_interval_ms: 100, expiry_scan_interval_ms: 500 }
+state: { dir: "${TALLY_STATE_DIR}" }
+sources: { payments: { topic: "${TALLY_INPUT_TOPIC}" } }
 pipelines:
   - name: payments
     from: payments
-    key: "{{payment_id}}:{{status}}"
+    key: "{payment_id}:{status}"
     routes:
       - strategy: ignore
         retention: 3s
-    to: {{ topic: {output} }}
-dead_letter: {{ topic: {dlq} }}
-"#,
-        app = names.app,
-        bootstrap = bootstrap(),
-        state = dir.path().join("state").display(),
-        input = names.input,
-        output = names.output,
-        dlq = names.dlq,
-    );
-    let topology = dir.path().join("topology.yaml");
-    std::fs::write(&topology, yaml).expect("write topology");
-    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    to: { topic: "${TALLY_OUTPUT_TOPIC}" }
+dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
+"#;
+    let tally = Tally::start_yaml(yaml, &names, dir.path(), "i1");
 
     // Within retention: the repeat is a duplicate.
     produce(&names.input, &[payment("P-1"), payment("P-1")]);

@@ -21,33 +21,22 @@ fn every_event_is_traced_received_processing_and_once_terminal() {
     let gen = generator::payments(500, 80, 2048, 17);
     produce(&names.input, &gen.records);
     let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = format!(
-        r#"
-application_id: {app}
-kafka: {{ bootstrap_servers: "{bootstrap}" }}
-processing: {{ max_record_bytes: 2048 }}
-state: {{ dir: {state} }}
-sources: {{ payments: {{ topic: {input} }} }}
+    let yaml = r#"
+application_id: ${TALLY_APP_ID}
+kafka: { bootstrap_servers: "${KAFKA_BOOTSTRAP}" }
+processing: { max_record_bytes: 2048 }
+state: { dir: "${TALLY_STATE_DIR}" }
+sources: { payments: { topic: "${TALLY_INPUT_TOPIC}" } }
 pipelines:
   - name: payments
     from: payments
-    repartition: {{ key: "{{payment_id}}" }}
-    key: "{{payment_id}}:{{status}}"
-    to: {{ topic: {output} }}
-dead_letter: {{ topic: {dlq} }}
-trace: {{ topic: {trace}, level: all }}
-"#,
-        app = names.app,
-        bootstrap = bootstrap(),
-        state = dir.path().join("state").display(),
-        input = names.input,
-        output = names.output,
-        dlq = names.dlq,
-        trace = names.trace,
-    );
-    let topology = dir.path().join("topology.yaml");
-    std::fs::write(&topology, yaml).expect("write topology");
-    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    repartition: { key: "{payment_id}" }
+    key: "{payment_id}:{status}"
+    to: { topic: "${TALLY_OUTPUT_TOPIC}" }
+dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
+trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
+"#;
+    let tally = Tally::start_yaml(yaml, &names, dir.path(), "i1");
     assert_eq!(
         wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(120)),
         gen.expected_keys.len()

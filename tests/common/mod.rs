@@ -294,6 +294,18 @@ impl Tally {
     /// Runs one of the example files in `topologies/` with the test's topics and state dir.
     pub fn start_example(example: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies").join(example);
+        Self::start_file(&path, names, state, instance_id)
+    }
+
+    /// Writes `yaml` (which names the test's topics as `${TALLY_INPUT_TOPIC}` etc., like the
+    /// examples) into `state` and runs it.
+    pub fn start_yaml(yaml: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
+        let path = state.join(format!("{instance_id}.yaml"));
+        std::fs::write(&path, yaml).expect("write topology");
+        Self::start_file(&path, names, state, instance_id)
+    }
+
+    fn start_file(path: &Path, names: &Names, state: &Path, instance_id: &str) -> Self {
         // Each instance has a state directory of its own, as on separate hosts.
         let state_dir = state.join(format!("state-{instance_id}")).display().to_string();
         let env = [
@@ -305,8 +317,9 @@ impl Tally {
             ("TALLY_DLQ_TOPIC", names.dlq.clone()),
             ("TALLY_WRITEBACK_TOPIC", names.writeback.clone()),
             ("TALLY_MAPPING_TOPIC", names.mappings.clone()),
+            ("TALLY_TRACE_TOPIC", names.trace.clone()),
         ];
-        Self::start_with_env(&path, instance_id, state.join(format!("{instance_id}.log")), &env)
+        Self::start_with_env(path, instance_id, state.join(format!("{instance_id}.log")), &env)
     }
 
     pub fn start_with_env(topology: &Path, instance_id: &str, log: PathBuf, env: &[(&str, String)]) -> Self {
