@@ -90,16 +90,6 @@ impl TaskStore {
         &self.names[store]
     }
 
-    /// Number of stores.
-    pub fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    /// True when the task has no stores.
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
-
     fn cf(&self, name: &str) -> Result<&ColumnFamily, StoreError> {
         self.db
             .cf_handle(name)
@@ -249,17 +239,6 @@ impl TaskStore {
             .iterator_cf(cf, IteratorMode::Start)
             .map(|item| item.map_err(|e| self.rocks(e))))
     }
-
-    /// Number of committed keys in a store (a full scan: for tests and small stores).
-    pub fn count_keys(&self, store: usize) -> Result<u64, StoreError> {
-        let cf = self.cf(&self.names[store])?;
-        let mut n = 0;
-        for item in self.db.iterator_cf(cf, IteratorMode::Start) {
-            item.map_err(|e| self.rocks(e))?;
-            n += 1;
-        }
-        Ok(n)
-    }
 }
 
 fn offset_key(store: &str) -> Vec<u8> {
@@ -318,7 +297,7 @@ mod tests {
             (b"x".to_vec(), None),
         ];
         s.apply_restored(0, &records, 99).expect("applies");
-        assert_eq!(s.count_keys(0).expect("counts"), 1);
+        assert_eq!(s.scan(0).expect("scan").count(), 1);
         assert_eq!(s.changelog_offset(0).expect("reads"), Some(99));
         assert!(s.has_data(0).expect("reads"));
         s.wipe(0).expect("wipes");

@@ -104,14 +104,6 @@ impl fmt::Display for KeyTemplate {
 }
 
 impl KeyTemplate {
-    /// The dotted names of the fields the template reads.
-    pub fn fields(&self) -> impl Iterator<Item = String> + '_ {
-        self.parts.iter().filter_map(|p| match p {
-            Part::Field(path) => Some(path.join(".")),
-            Part::Literal(_) => None,
-        })
-    }
-
     /// Builds the key for one JSON object.
     pub fn render(&self, doc: &Map<String, Value>) -> Result<String, RenderError> {
         let mut out = String::new();
@@ -177,7 +169,6 @@ mod tests {
         let t: KeyTemplate = "{{{order.id}}}".parse().expect("valid template");
         let d = doc(json!({"order": {"id": 7}}));
         assert_eq!(t.render(&d), Ok("{7}".to_string()));
-        assert_eq!(t.fields().collect::<Vec<_>>(), vec!["order.id"]);
     }
 
     #[test]
