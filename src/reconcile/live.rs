@@ -83,6 +83,7 @@ pub struct ScanReport {
 
 /// One trace-topic partition's open events.
 pub struct ReconcileTask {
+    /// `reconcile-<partition>`, the `task` label of the gauges.
     label: String,
     settings: ReconcileSettings,
     store: TaskStore,
@@ -326,7 +327,7 @@ impl Task for ReconcileTask {
     }
 
     fn label(&self) -> &str {
-        &self.label
+        "reconcile"
     }
 }
 
