@@ -1,5 +1,8 @@
 //! Prometheus metrics of one instance (`tally_` prefix, base units, no per-event labels).
 
+pub mod consumer_lag;
+pub mod store_gauges;
+
 use crate::processors::Reason;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -31,6 +34,12 @@ pub struct Metrics {
     pub restored_records: IntCounterVec,
     /// Changelog records still to restore, per store (0 when not restoring).
     pub restore_remaining: IntGaugeVec,
+    /// Records between a task's consumer position and its partition's end, per topic and task.
+    pub consumer_lag: IntGaugeVec,
+    /// Estimated keys per store and task.
+    pub store_keys: IntGaugeVec,
+    /// Bytes per store and task: live SST files plus unflushed memtables.
+    pub store_size: IntGaugeVec,
     /// Rebalance events seen by stream threads.
     pub rebalances: IntCounter,
     /// Dedup keys deleted by expiry, per pipeline.
@@ -146,6 +155,26 @@ impl Metrics {
             &["store"],
         )?;
         registry.register(Box::new(restore_remaining.clone()))?;
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntGaugeVec> {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let consumer_lag = gauge_vec(
+            "consumer_lag_records",
+            "Records between the consumer position and the partition's last stable offset",
+            &["topic", "task"],
+        )?;
+        let store_keys = gauge_vec(
+            "store_keys",
+            "Estimated keys in a task's store (RocksDB estimate-num-keys)",
+            &["store", "task"],
+        )?;
+        let store_size = gauge_vec(
+            "store_size_bytes",
+            "Live SST files plus unflushed memtables of a task's store",
+            &["store", "task"],
+        )?;
         let idmap_mappings = IntGauge::new("idmap_mappings", "Id links in the global ID-mapping store")?;
         registry.register(Box::new(idmap_mappings.clone()))?;
         let idmap_pending = IntGauge::new(
@@ -153,15 +182,15 @@ impl Metrics {
             "Pending-create markers still waiting for their mapping",
         )?;
         registry.register(Box::new(idmap_pending.clone()))?;
-        let gauge_vec = |name: &str, help: &str| -> prometheus::Result<IntGaugeVec> {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["task"])?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
-        let reconcile_open_events = gauge_vec("reconcile_open_events", "Open events at the last reconciler scan")?;
+        let reconcile_open_events = gauge_vec(
+            "reconcile_open_events",
+            "Open events at the last reconciler scan",
+            &["task"],
+        )?;
         let reconcile_stuck_events = gauge_vec(
             "reconcile_stuck_events",
             "Open events older than the threshold at the last reconciler scan",
+            &["task"],
         )?;
         let reconcile_oldest_open_age_seconds = GaugeVec::new(
             Opts::new(
@@ -187,6 +216,9 @@ impl Metrics {
             commit_latency,
             restored_records,
             restore_remaining,
+            consumer_lag,
+            store_keys,
+            store_size,
             rebalances,
             expired_keys,
             pending_created,

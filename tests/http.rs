@@ -3,25 +3,8 @@
 mod common;
 
 use common::*;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use tally::demo::generator;
-
-/// A plain HTTP/1.0 GET: status code and body.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
 
 fn metric(body: &str, name: &str) -> f64 {
     body.lines()
@@ -36,10 +19,7 @@ fn metrics_and_health_endpoints_report_the_running_instance() {
     create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
     let gen = generator::payments(300, 50, 2048, 3);
     produce(&names.input, &gen.records);
-    let addr = {
-        let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-        l.local_addr().expect("addr").to_string()
-    };
+    let addr = free_address();
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = write_topology(dir.path(), &names, 2048);
     let env = [("TALLY_HTTP_ADDRESS", addr.clone())];
@@ -48,7 +28,7 @@ fn metrics_and_health_endpoints_report_the_running_instance() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut ready = None;
     while Instant::now() < deadline {
-        if let Some((code, _)) = get(&addr, "/health/ready") {
+        if let Some((code, _)) = http_get(&addr, "/health/ready") {
             ready = Some(code);
             if code == 200 {
                 break;
@@ -57,7 +37,7 @@ fn metrics_and_health_endpoints_report_the_running_instance() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(ready, Some(200), "ready once joined and restored");
-    assert_eq!(get(&addr, "/health/live").map(|(c, _)| c), Some(200));
+    assert_eq!(http_get(&addr, "/health/live").map(|(c, _)| c), Some(200));
     assert_eq!(
         wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(60)),
         gen.expected_keys.len()
@@ -67,7 +47,7 @@ fn metrics_and_health_endpoints_report_the_running_instance() {
     let total = gen.records.len() as f64;
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
-        let (code, body) = get(&addr, "/metrics").expect("metrics answer");
+        let (code, body) = http_get(&addr, "/metrics").expect("metrics answer");
         assert_eq!(code, 200);
         if metric(&body, "tally_records_in_total") >= total || Instant::now() > deadline {
             break body;
@@ -87,7 +67,7 @@ fn metrics_and_health_endpoints_report_the_running_instance() {
     );
     tally.stop();
     assert!(
-        get(&addr, "/health/live").is_none(),
+        http_get(&addr, "/health/live").is_none(),
         "the server stops with the instance"
     );
 }

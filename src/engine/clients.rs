@@ -25,6 +25,8 @@ pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set_if_absent("auto.offset.reset", "earliest")
+        // Statistics carry the consumer lag (`tally_consumer_lag_records`).
+        .set_if_absent("statistics.interval.ms", "5000")
         .set("partition.assignment.strategy", "cooperative-sticky");
     c
 }

@@ -10,6 +10,7 @@ use super::purge::Purger;
 use super::restore;
 use super::task::{PipelineTask, Sinks, Task, Work};
 use super::Shutdown;
+use crate::metrics::consumer_lag::ConsumerLag;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
 use crate::reconcile::live::ReconcileTask;
@@ -100,6 +101,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
             state: Mutex::new(state),
+            lag: ConsumerLag::new(&cfg.metrics, t.clone()),
         })
         .map_err(|e| EngineError::Fatal(anyhow!(e).context("creating the consumer")))?;
     let topics = t.consumed_topics();
@@ -124,6 +126,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             None => {}
         }
         st.tick(&consumer)?;
+        st.report_stores();
         if st.commit_due() {
             st.commit(&consumer)?;
         }
@@ -145,9 +148,15 @@ fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError>
 /// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
 struct StreamContext {
     state: Mutex<ThreadState>,
+    lag: ConsumerLag,
 }
 
-impl ClientContext for StreamContext {}
+impl ClientContext for StreamContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`) carry the consumer lag.
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.lag.update(statistics);
+    }
+}
 
 impl ConsumerContext for StreamContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -383,6 +392,13 @@ impl ThreadState {
         Ok(())
     }
 
+    /// Refreshes the store size gauges of the tasks (each task reads them every few seconds).
+    fn report_stores(&mut self) {
+        for task in self.tasks.values_mut() {
+            task.report_stores(&self.cfg.metrics);
+        }
+    }
+
     fn commit_due(&self) -> bool {
         self.pending_since
             .is_some_and(|s| s.elapsed() >= self.cfg.topology.processing.commit_interval)
@@ -485,6 +501,7 @@ fn publish(m: &Metrics, task: &dyn Task, c: &Counts) {
     m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
     m.stale.with_label_values(&[p]).inc_by(c.stale);
     m.pending_created.with_label_values(&[p]).inc_by(c.pending_created);
+    m.expired_keys.with_label_values(&[p]).inc_by(c.expired);
     for (reason, n) in &c.dead_lettered {
         m.dead_lettered.with_label_values(&[p, reason.as_str()]).inc_by(*n);
     }

@@ -4,6 +4,8 @@
 use super::emit::{copy_headers, header_text, now_ms, Counts, Emitter, ProcessError, SourcePlace};
 use super::errors::EngineError;
 use super::producer::{Outgoing, TxnProducer};
+use crate::metrics::store_gauges::StoreGauges;
+use crate::metrics::Metrics;
 use crate::processors::dedup;
 use crate::processors::{Input, PipelineProcessor};
 use crate::store::TaskStore;
@@ -35,6 +37,9 @@ pub trait Task: Send {
     fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError>;
     /// The `pipeline` label of the task's counts.
     fn label(&self) -> &str;
+    /// Publishes the sizes of the task's stores unless they were read seconds ago; tasks
+    /// without stores publish nothing.
+    fn report_stores(&mut self, _metrics: &Metrics) {}
 }
 
 /// What a task does with its records.
@@ -75,6 +80,8 @@ pub struct PipelineTask {
     next_offset: Option<i64>,
     expiry_every: Duration,
     last_expiry: Instant,
+    /// Size gauges of the stores, created on the first report and removed with the task.
+    store_gauges: Option<StoreGauges>,
 }
 
 impl PipelineTask {
@@ -113,6 +120,7 @@ impl PipelineTask {
             next_offset: None,
             expiry_every,
             last_expiry: Instant::now(),
+            store_gauges: None,
         }
     }
 
@@ -137,6 +145,23 @@ impl PipelineTask {
 impl Task for PipelineTask {
     fn label(&self) -> &str {
         &self.processor.pipeline().name
+    }
+
+    fn report_stores(&mut self, metrics: &Metrics) {
+        let Work::Process { store, .. } = &self.work else {
+            return;
+        };
+        let task = self.processor.pipeline().task_name(self.emit.partition);
+        let gauges = self
+            .store_gauges
+            .get_or_insert_with(|| StoreGauges::new(metrics, task.clone()));
+        if !gauges.due() {
+            return;
+        }
+        match store.sizes() {
+            Ok(sizes) => gauges.set(&sizes),
+            Err(e) => tracing::warn!(task = %task, error = %e, "cannot read store sizes for metrics"),
+        }
     }
 
     fn next_offset(&self) -> Option<i64> {

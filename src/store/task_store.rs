@@ -23,6 +23,17 @@ pub struct Change {
 /// A committed key and value.
 pub type Entry = (Box<[u8]>, Box<[u8]>);
 
+/// How big one store is, from RocksDB's own estimates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSize {
+    /// Store name.
+    pub name: String,
+    /// Estimated number of keys (`rocksdb.estimate-num-keys`).
+    pub keys: u64,
+    /// Live SST files plus unflushed memtables, in bytes.
+    pub bytes: u64,
+}
+
 /// A failure of the local store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -244,6 +255,27 @@ impl TaskStore {
         self.db.write(batch).map_err(|e| self.rocks(e))
     }
 
+    /// The estimated size of every store (committed data only; the overlay is not included).
+    pub fn sizes(&self) -> Result<Vec<StoreSize>, StoreError> {
+        self.names
+            .iter()
+            .map(|name| {
+                let cf = self.cf(name)?;
+                let int = |property: &str| {
+                    self.db
+                        .property_int_value_cf(cf, property)
+                        .map(Option::unwrap_or_default)
+                        .map_err(|e| self.rocks(e))
+                };
+                Ok(StoreSize {
+                    name: name.clone(),
+                    keys: int("rocksdb.estimate-num-keys")?,
+                    bytes: int("rocksdb.live-sst-files-size")? + int("rocksdb.cur-size-all-mem-tables")?,
+                })
+            })
+            .collect()
+    }
+
     /// Committed entries of a store in key order (the overlay is not included).
     pub fn scan(&self, store: usize) -> Result<impl Iterator<Item = Result<Entry, StoreError>> + '_, StoreError> {
         let cf = self.cf(&self.names[store])?;
@@ -316,5 +348,20 @@ mod tests {
         s.wipe(0).expect("wipes");
         assert!(!s.has_data(0).expect("reads"));
         assert_eq!(s.changelog_offset(0).expect("reads"), None);
+    }
+
+    #[test]
+    fn sizes_count_committed_keys_and_bytes_but_not_the_overlay() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = open(tmp.path());
+        let empty = s.sizes().expect("sizes");
+        assert_eq!((empty[0].name.as_str(), empty[0].keys), ("dedup", 0));
+        s.put(0, b"a", vec![1; 100]);
+        s.put(0, b"b", vec![2; 100]);
+        s.commit(&[(0, 1)]).expect("commits");
+        s.put(0, b"c", vec![3; 100]);
+        let sizes = s.sizes().expect("sizes");
+        assert_eq!(sizes[0].keys, 2, "the uncommitted key is not counted");
+        assert!(sizes[0].bytes >= 200, "the memtable holds both values: {sizes:?}");
     }
 }

@@ -279,6 +279,11 @@ impl Pipeline {
         self.repartition.as_ref().map_or(&self.input_topic, |r| &r.topic)
     }
 
+    /// Name of the pipeline's task for `partition` (its state directory and `task` label).
+    pub fn task_name(&self, partition: i32) -> String {
+        format!("{}-{partition}", self.name)
+    }
+
     /// The longest `ignore` retention of the routes: keys older than this are expired for all.
     pub fn max_retention(&self) -> Option<Duration> {
         self.routes
@@ -354,6 +359,14 @@ impl Topology {
     pub fn reconciled_topic(&self) -> Option<&str> {
         self.reconcile.as_ref()?;
         self.trace.as_ref().map(|t| t.topic.as_str())
+    }
+
+    /// Name of the task fed by `topic`/`partition`: its `task` metric label and directory name.
+    pub fn task_name(&self, topic: &str, partition: i32) -> Option<String> {
+        if self.reconciled_topic() == Some(topic) {
+            return Some(format!("reconcile-{partition}"));
+        }
+        self.stage_for_topic(topic).map(|(p, _)| p.task_name(partition))
     }
 
     /// The store name of the live reconciler's open events.
