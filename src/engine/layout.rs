@@ -19,24 +19,15 @@ pub struct TaskLayout {
 impl TaskLayout {
     /// The layout of the task fed by `topic`/`partition`, if that stage keeps state.
     pub fn of(t: &Topology, topic: &str, partition: i32) -> Option<Self> {
-        if t.reconciled_topic() == Some(topic) {
-            let store = Topology::RECONCILE_STORE.to_string();
-            return Some(Self {
-                name: format!("reconcile-{partition}"),
-                dir: t
-                    .state_dir
-                    .join(&t.application_id)
-                    .join(format!("reconcile-{partition}")),
-                changelogs: vec![t.changelog_topic(&store)],
-                stores: vec![store],
-            });
-        }
-        let (pipeline, stage) = t.stage_for_topic(topic)?;
-        if stage != Stage::Process {
-            return None;
-        }
-        let name = format!("{}-{partition}", pipeline.name);
-        let stores = pipeline.store_names();
+        let name = t.task_name(topic, partition)?;
+        let stores = if t.reconciled_topic() == Some(topic) {
+            vec![Topology::RECONCILE_STORE.to_string()]
+        } else {
+            match t.stage_for_topic(topic)? {
+                (pipeline, Stage::Process) => pipeline.store_names(),
+                (_, Stage::Repartition) => return None,
+            }
+        };
         Some(Self {
             dir: t.state_dir.join(&t.application_id).join(&name),
             changelogs: stores.iter().map(|s| t.changelog_topic(s)).collect(),

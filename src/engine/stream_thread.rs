@@ -301,6 +301,7 @@ impl ThreadState {
             let store = restored(&layout)?;
             tracing::info!(task = %layout.name, topic, "task ready");
             return Ok(Box::new(ReconcileTask::new(
+                layout.name,
                 partition,
                 settings.clone(),
                 store,
@@ -312,7 +313,7 @@ impl ThreadState {
         let (pipeline, stage) = t
             .stage_for_topic(topic)
             .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
-        let name = format!("{}-{partition}", pipeline.name);
+        let name = pipeline.task_name(partition);
         let work = match (stage, &pipeline.repartition) {
             (Stage::Repartition, Some(r)) => Work::Repartition {
                 key: r.key.clone(),

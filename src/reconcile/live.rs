@@ -7,6 +7,7 @@ use crate::engine::emit::{header, Counts, Emitter, ProcessError};
 use crate::engine::errors::EngineError;
 use crate::engine::producer::{Outgoing, TxnProducer};
 use crate::engine::task::Task;
+use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::{Decision, Processed, Reason, Rejection};
 use crate::store::{codec, TaskStore};
@@ -85,6 +86,7 @@ pub struct ScanReport {
 pub struct ReconcileTask {
     /// `reconcile-<partition>`, the `task` label of the gauges.
     label: String,
+    store_gauges: StoreGauges,
     settings: ReconcileSettings,
     store: TaskStore,
     changelogs: Vec<String>,
@@ -97,6 +99,7 @@ pub struct ReconcileTask {
 impl ReconcileTask {
     /// The reconciler task of trace partition `partition`, with its restored store.
     pub fn new(
+        name: String,
         partition: i32,
         settings: ReconcileSettings,
         store: TaskStore,
@@ -114,7 +117,8 @@ impl ReconcileTask {
             counts: Counts::default(),
         };
         Self {
-            label: format!("reconcile-{partition}"),
+            store_gauges: StoreGauges::new(&metrics, name.clone()),
+            label: name,
             settings,
             store,
             changelogs,
@@ -326,6 +330,16 @@ impl Task for ReconcileTask {
         Ok(report.alerted > 0)
     }
 
+    fn report_stores(&mut self, _metrics: &Metrics) {
+        if !self.store_gauges.due() {
+            return;
+        }
+        match self.store.sizes() {
+            Ok(sizes) => self.store_gauges.set(&sizes),
+            Err(e) => tracing::warn!(task = %self.label, error = %e, "cannot read store sizes for metrics"),
+        }
+    }
+
     fn label(&self) -> &str {
         "reconcile"
     }
@@ -356,7 +370,15 @@ mod tests {
             threshold: Duration::from_secs(10),
         };
         let metrics = Arc::new(Metrics::new("test").expect("metrics"));
-        ReconcileTask::new(0, settings, store, vec!["cl".into()], "dlq".into(), metrics)
+        ReconcileTask::new(
+            "reconcile-0".into(),
+            0,
+            settings,
+            store,
+            vec!["cl".into()],
+            "dlq".into(),
+            metrics,
+        )
     }
 
     fn record(event: &str, status: &str, at: i64) -> Vec<u8> {
