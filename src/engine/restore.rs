@@ -54,10 +54,13 @@ pub fn restore(
         let mut last = from_offset - 1;
         let mut idle_since = Instant::now();
         // The end is the high watermark, past the last commit marker; read_committed skips the
-        // markers and aborted records, so the position is what tells when it is reached.
-        while position(&consumer, topic, partition) < high {
+        // markers and aborted records, so when a poll comes back empty the position tells
+        // whether it is reached (asking for the position per record costs more than the restore).
+        let mut done = false;
+        while !done {
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
+                    done = m.offset() + 1 >= high;
                     if let Some(key) = m.key() {
                         batch.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
                     }
@@ -86,7 +89,7 @@ pub fn restore(
                      is a transaction left open on it?",
                     STALL_TIMEOUT.as_secs()
                 ),
-                None => {}
+                None => done = position(&consumer, topic, partition) >= high,
             }
         }
         restored += flush(store, index, &mut batch, last, metrics, &name)?;
