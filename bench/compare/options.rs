@@ -15,7 +15,7 @@ pub struct Options {
     pub runs: usize,
     /// Partitions of input and output topics (`TALLY_BENCH_PARTITIONS`, 3).
     pub partitions: i32,
-    /// Workloads (`TALLY_BENCH_WORKLOADS`: `all` or comma-separated names, default all).
+    /// Workloads (`TALLY_BENCH_WORKLOADS`: `all`, `none` or comma-separated names, default all).
     pub workloads: Vec<Workload>,
     /// Contenders in run order (`TALLY_BENCH_CONTENDERS`, `ceiling,tally,kstreams`).
     pub contenders: Vec<Contender>,
@@ -58,6 +58,7 @@ impl Options {
         let all = workload::matrix();
         let workloads = match var("TALLY_BENCH_WORKLOADS").as_deref() {
             None | Some("all") => all,
+            Some("none") => Vec::new(),
             Some(list) => list
                 .split(',')
                 .map(|n| {
