@@ -1,0 +1,229 @@
+//! The three contenders and how to start and stop each as its own process.
+
+use crate::kafka;
+use crate::workload::Topology;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Who drains the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    /// Raw rdkafka consume → produce, no state, at least once (`bench/passthrough.rs`).
+    Ceiling,
+    /// `tally run` on the example topology, exactly once.
+    Tally,
+    /// The Kafka Streams app of `bench/kstreams`, exactly_once_v2.
+    KStreams,
+}
+
+impl Contender {
+    /// Name used in tables and topic names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Ceiling => "ceiling",
+            Contender::Tally => "tally",
+            Contender::KStreams => "kstreams",
+        }
+    }
+
+    /// Parses a name from `TALLY_BENCH_CONTENDERS`.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Contender::Ceiling, Contender::Tally, Contender::KStreams]
+            .into_iter()
+            .find(|c| c.name() == s)
+    }
+}
+
+/// Where the contenders' programs are.
+#[derive(Debug, Clone)]
+pub struct Programs {
+    /// The repository (example topologies, broker script, Kafka Streams app).
+    pub repo: PathBuf,
+    /// `target/release/tally`.
+    pub tally: PathBuf,
+    /// `target/release/examples/passthrough`.
+    pub passthrough: PathBuf,
+    /// JVM options of the Kafka Streams app.
+    pub java_opts: Vec<String>,
+}
+
+impl Programs {
+    fn kstreams_classpath(&self) -> String {
+        let t = self.repo.join("bench/kstreams/target");
+        format!("{}:{}/lib/*", t.join("tally-kstreams-bench.jar").display(), t.display())
+    }
+
+    /// Fails early, saying how to build whatever is missing.
+    pub fn check(&self, contenders: &[Contender]) -> Result<()> {
+        let need = |c: Contender, path: PathBuf, how: &str| -> Result<()> {
+            if contenders.contains(&c) && !path.exists() {
+                bail!(
+                    "{} is missing; build it with `{how}` (scripts/bench does)",
+                    path.display()
+                );
+            }
+            Ok(())
+        };
+        need(Contender::Tally, self.tally.clone(), "cargo build --release")?;
+        need(
+            Contender::Ceiling,
+            self.passthrough.clone(),
+            "cargo build --release --example passthrough",
+        )?;
+        need(
+            Contender::KStreams,
+            self.repo.join("bench/kstreams/target/tally-kstreams-bench.jar"),
+            "mvn -q -B -f bench/kstreams/pom.xml package",
+        )
+    }
+}
+
+/// Topic and group names of one run; every topic starts with `app`.
+#[derive(Debug, Clone)]
+pub struct RunNames {
+    /// Application id / consumer group, and the prefix of every topic of the run.
+    pub app: String,
+    /// The preloaded (or paced) input topic.
+    pub input: String,
+    /// Output topic.
+    pub output: String,
+    /// Dead-letter topic.
+    pub dlq: String,
+}
+
+impl RunNames {
+    /// Names for run `id` reading `input`.
+    pub fn new(id: &str, input: &str) -> Self {
+        let app = format!("bench-{id}");
+        Self {
+            output: format!("{app}-out"),
+            dlq: format!("{app}-dlq"),
+            input: input.to_string(),
+            app,
+        }
+    }
+}
+
+/// A started contender; killed when dropped unless stopped.
+pub struct Running {
+    child: Child,
+    /// Its process id.
+    pub pid: u32,
+    /// Its log file.
+    pub log: PathBuf,
+    _state: tempfile::TempDir,
+}
+
+/// Starts `c` on `topology` with `partitions` input partitions; logs go to `log_dir`.
+pub fn start(
+    c: Contender,
+    topology: Topology,
+    names: &RunNames,
+    partitions: i32,
+    programs: &Programs,
+    log_dir: &Path,
+) -> Result<Running> {
+    let state = tempfile::tempdir().context("creating a state directory")?;
+    let log = log_dir.join(format!("{}.log", names.app));
+    let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = match c {
+        Contender::Ceiling => {
+            let mut cmd = Command::new(&programs.passthrough);
+            cmd.args([&kafka::bootstrap(), &names.app, &names.input, &names.output]);
+            cmd
+        }
+        Contender::Tally => {
+            let example = match topology {
+                Topology::Payments => "payments.yaml",
+                Topology::Entities => "entity-sync.yaml",
+            };
+            let mut cmd = Command::new(&programs.tally);
+            cmd.args(["--log-json", "run"])
+                .arg(programs.repo.join("topologies").join(example))
+                .args(["--instance-id", "bench"])
+                .env("KAFKA_BOOTSTRAP", kafka::bootstrap())
+                .env("TALLY_APP_ID", &names.app)
+                .env("TALLY_STATE_DIR", state.path())
+                .env("TALLY_INPUT_TOPIC", &names.input)
+                .env("TALLY_OUTPUT_TOPIC", &names.output)
+                .env("TALLY_DLQ_TOPIC", &names.dlq)
+                .env("RUST_LOG", "info,librdkafka=warn");
+            cmd
+        }
+        Contender::KStreams => {
+            let mode = match topology {
+                Topology::Payments => "payments",
+                Topology::Entities => "entities",
+            };
+            let mut cmd = Command::new("java");
+            cmd.args(&programs.java_opts)
+                .args(["-cp", &programs.kstreams_classpath(), "tally.bench.Main"])
+                .env("KS_MODE", mode)
+                .env("KAFKA_BOOTSTRAP", kafka::bootstrap())
+                .env("KS_APP_ID", &names.app)
+                .env("KS_INPUT", &names.input)
+                .env("KS_OUTPUT", &names.output)
+                .env("KS_DLQ", &names.dlq)
+                .env("KS_STATE_DIR", state.path())
+                .env("KS_PARTITIONS", partitions.to_string());
+            cmd
+        }
+    };
+    let child = cmd
+        .stdout(Stdio::from(file.try_clone()?))
+        .stderr(Stdio::from(file))
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", c.name()))?;
+    Ok(Running {
+        pid: child.id(),
+        child,
+        log,
+        _state: state,
+    })
+}
+
+impl Running {
+    /// Fails, with the log's tail, if the process has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!("exited early with {status}; log tail:\n{}", self.log_tail());
+        }
+        Ok(())
+    }
+
+    /// The last lines of its log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited after 60 s.
+    pub fn stop(mut self) -> Result<ExitStatus> {
+        let pid = self.pid.to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                self.child.kill()?;
+                return Ok(self.child.wait()?);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! One throughput run: a contender drains a preloaded input; the harness watches its output.
+
+use crate::contender::{self, Contender, Programs, RunNames};
+use crate::kafka;
+use crate::probe::{self, Usage};
+use crate::workload::Workload;
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Round of the interleaved runs (samples of one round ran back to back).
+    pub round: usize,
+    /// Who ran.
+    pub contender: Contender,
+    /// Input records per second between the first and the last committed output.
+    pub throughput: f64,
+    /// Seconds from process start to the first committed output.
+    pub startup_s: f64,
+    /// CPU seconds per 1M input records, over the same window as the throughput.
+    pub cpu_s_per_m: f64,
+    /// Peak RSS (VmHWM) of the process, MiB.
+    pub peak_rss_mib: f64,
+    /// Changelog bytes on the broker per input record (none for the ceiling).
+    pub changelog_bytes_per_record: Option<f64>,
+    /// Committed outputs read, including any past the expected count.
+    pub outputs: usize,
+    /// Outputs a correct run makes.
+    pub expected: usize,
+}
+
+/// Inputs of a run.
+pub struct Drain<'a> {
+    /// The workload (its topology).
+    pub workload: &'a Workload,
+    /// Preloaded input topic and its record count.
+    pub input: &'a str,
+    /// Records in the input topic.
+    pub records: usize,
+    /// Outputs a correct dedup / version gate makes.
+    pub expected_outputs: usize,
+    /// Partitions of input and output.
+    pub partitions: i32,
+    /// Longest a run may take.
+    pub timeout: Duration,
+}
+
+/// Runs `c` once over the preloaded input as run `id`.
+pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: &Path) -> Result<Sample> {
+    let names = RunNames::new(id, d.input);
+    kafka::create_topics(&[(&names.output, d.partitions), (&names.dlq, 1)], &[])?;
+    let reader = kafka::committed_reader(&names.output, d.partitions)?;
+    // The ceiling copies every record; the stateful contenders drop duplicates and stale versions.
+    let expected = if c == Contender::Ceiling {
+        d.records
+    } else {
+        d.expected_outputs
+    };
+    let started = Instant::now();
+    let mut proc = contender::start(c, d.workload.topology, &names, d.partitions, programs, log_dir)?;
+    let mut seen = 0usize;
+    let mut first: Option<(Instant, Usage)> = None;
+    let mut last_check = Instant::now();
+    while seen < expected {
+        if started.elapsed() > d.timeout {
+            bail!(
+                "{} saw {seen} of {expected} outputs after {:?}; log tail:\n{}",
+                c.name(),
+                d.timeout,
+                proc.log_tail()
+            );
+        }
+        if let Some(m) = reader.poll(Duration::from_millis(100)) {
+            m.context("reading the output")?;
+            seen += 1;
+            if first.is_none() {
+                first = Some((Instant::now(), probe::usage(proc.pid).unwrap_or_default()));
+            }
+        }
+        if last_check.elapsed() > Duration::from_millis(500) {
+            proc.check_alive().with_context(|| c.name())?;
+            last_check = Instant::now();
+        }
+    }
+    let done = Instant::now();
+    let end_usage = probe::usage(proc.pid).context("the contender vanished")?;
+    // A short extra read catches outputs past the expected count (duplicates leaking through).
+    let extra_until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < extra_until {
+        if let Some(m) = reader.poll(Duration::from_millis(100)) {
+            m.context("reading the output")?;
+            seen += 1;
+        }
+    }
+    let peak_rss_mib = probe::usage(proc.pid).unwrap_or(end_usage).peak_rss_mib;
+    proc.stop()?;
+    let (first_at, first_usage) = first.context("no output seen")?;
+    let window = done.duration_since(first_at).as_secs_f64().max(1e-3);
+    let changelog_bytes_per_record = if c == Contender::Ceiling {
+        None
+    } else {
+        let changelogs: Vec<String> = kafka::topics_with_prefix(&names.app)?
+            .into_iter()
+            .filter(|t| t.ends_with("-changelog"))
+            .collect();
+        let bytes = kafka::log_dir_bytes(&programs.repo, &changelogs)?;
+        Some(bytes as f64 / d.records as f64)
+    };
+    kafka::delete_prefixed(&names.app)?;
+    Ok(Sample {
+        round: 0,
+        contender: c,
+        throughput: d.records as f64 / window,
+        startup_s: first_at.duration_since(started).as_secs_f64(),
+        cpu_s_per_m: (end_usage.cpu_s - first_usage.cpu_s) / d.records as f64 * 1e6,
+        peak_rss_mib,
+        changelog_bytes_per_record,
+        outputs: seen,
+        expected,
+    })
+}

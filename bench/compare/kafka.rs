@@ -1,0 +1,170 @@
+//! Broker helpers of the benchmark: topics, preloading, watermarks and on-disk sizes.
+
+use anyhow::{anyhow, bail, Context, Result};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The broker address (`KAFKA_BOOTSTRAP`, default the local broker).
+pub fn bootstrap() -> String {
+    std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
+}
+
+fn admin() -> Result<AdminClient<DefaultClientContext>> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .context("creating the admin client")
+}
+
+fn block_on<F: std::future::Future>(f: F) -> Result<F::Output> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a runtime for admin calls")?;
+    Ok(rt.block_on(f))
+}
+
+/// Creates topics (name, partitions) with the given topic configs.
+pub fn create_topics(topics: &[(&str, i32)], configs: &[(&str, &str)]) -> Result<()> {
+    let new: Vec<NewTopic> = topics
+        .iter()
+        .map(|(name, p)| {
+            configs
+                .iter()
+                .fold(NewTopic::new(name, *p, TopicReplication::Fixed(1)), |t, (k, v)| {
+                    t.set(k, v)
+                })
+        })
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    for r in block_on(admin()?.create_topics(&new, &opts))?.context("creating topics")? {
+        r.map_err(|(t, e)| anyhow!("creating topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Every topic whose name starts with `prefix`.
+pub fn topics_with_prefix(prefix: &str) -> Result<Vec<String>> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create()?;
+    let md = consumer.fetch_metadata(None, TIMEOUT).context("listing topics")?;
+    Ok(md
+        .topics()
+        .iter()
+        .map(|t| t.name().to_string())
+        .filter(|n| n.starts_with(prefix))
+        .collect())
+}
+
+/// Deletes every topic whose name starts with `prefix` (one benchmark run's topics).
+pub fn delete_prefixed(prefix: &str) -> Result<()> {
+    let names = topics_with_prefix(prefix)?;
+    if names.is_empty() {
+        return Ok(());
+    }
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let opts = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    for r in block_on(admin()?.delete_topics(&refs, &opts))?.context("deleting topics")? {
+        r.map_err(|(t, e)| anyhow!("deleting topic {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A producer for preloading and pacing input (not transactional, large batches).
+pub fn producer(linger_ms: u32) -> Result<BaseProducer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("linger.ms", linger_ms.to_string())
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .create()
+        .context("creating the input producer")
+}
+
+/// Sends one record, serving delivery reports while the local queue is full.
+pub fn send(producer: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) -> Result<()> {
+    let mut rec = BaseRecord::to(topic).key(key).payload(value);
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => bail!("producing to {topic}: {e}"),
+        }
+    }
+}
+
+/// Writes every record to `topic` and waits until all are acknowledged.
+pub fn preload(topic: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    let producer = producer(20)?;
+    for (k, v) in records {
+        send(&producer, topic, k, v)?;
+    }
+    producer.flush(Duration::from_secs(120)).context("flushing the preload")
+}
+
+/// A read_committed consumer assigned to every partition of `topic` from the beginning.
+pub fn committed_reader(topic: &str, partitions: i32) -> Result<BaseConsumer> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", "tally-bench-reader")
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .context("creating the output reader")?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl).context("assigning the output reader")?;
+    Ok(consumer)
+}
+
+/// Bytes on the broker's disk of every partition of `topics`, from `kafka-log-dirs`
+/// (the `LogDirsCommand` tool of the local broker script).
+pub fn log_dir_bytes(repo: &Path, topics: &[String]) -> Result<u64> {
+    if topics.is_empty() {
+        return Ok(0);
+    }
+    let out = Command::new(repo.join("deploy/local/kafka"))
+        .args([
+            "tool",
+            "LogDirsCommand",
+            "--bootstrap-server",
+            &bootstrap(),
+            "--describe",
+        ])
+        .args(["--topic-list", &topics.join(",")])
+        .output()
+        .context("running the LogDirsCommand tool")?;
+    if !out.status.success() {
+        bail!("LogDirsCommand failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .ok_or_else(|| anyhow!("LogDirsCommand printed no JSON: {text}"))?;
+    let v: serde_json::Value = serde_json::from_str(json).context("parsing LogDirsCommand output")?;
+    let mut total = 0;
+    for broker in v["brokers"].as_array().into_iter().flatten() {
+        for dir in broker["logDirs"].as_array().into_iter().flatten() {
+            for p in dir["partitions"].as_array().into_iter().flatten() {
+                total += p["size"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    Ok(total)
+}

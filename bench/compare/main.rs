@@ -1,0 +1,73 @@
+//! Side-by-side benchmark of tally against a raw librdkafka passthrough (the ceiling) and a
+//! Kafka Streams implementation of the same topologies, on the same broker and input.
+//!
+//! Run with `scripts/bench` (it builds the contenders first); settings come from
+//! `TALLY_BENCH_*` variables (see `options.rs`); the results go to `bench/RESULTS.md`.
+
+mod contender;
+mod drain;
+mod kafka;
+mod latency;
+mod options;
+mod probe;
+mod report;
+mod restore;
+mod suite;
+mod workload;
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+fn main() -> Result<()> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let o = options::Options::from_env(&repo)?;
+    let tally = PathBuf::from(env!("CARGO_BIN_EXE_tally"));
+    let release = tally.parent().context("the tally binary has no directory")?;
+    let programs = contender::Programs {
+        passthrough: release.join("examples/passthrough"),
+        tally: tally.clone(),
+        repo: repo.clone(),
+        java_opts: o.java_opts.clone(),
+    };
+    programs.check(&o.contenders)?;
+    let log_dir = std::env::temp_dir().join(format!("tally-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
+    eprintln!("bench: contender logs in {}", log_dir.display());
+    let started_at = Instant::now();
+    let started = utc_now();
+    let load_before = loadavg();
+    let results = suite::run(&o, &programs, &log_dir);
+    let ctx = report::Context {
+        started,
+        minutes: started_at.elapsed().as_secs_f64() / 60.0,
+        load: (load_before, loadavg()),
+    };
+    std::fs::write(&o.out, report::render(&o, &results, &ctx, &repo))
+        .with_context(|| format!("writing {}", o.out.display()))?;
+    eprintln!("bench: wrote {}", o.out.display());
+    if !results.failures.is_empty() {
+        bail!(
+            "{} run(s) failed (listed in {}): {}",
+            results.failures.len(),
+            o.out.display(),
+            results.failures.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn utc_now() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -1,0 +1,126 @@
+//! The harness's settings, all from `TALLY_BENCH_*` environment variables.
+
+use crate::contender::Contender;
+use crate::workload::{self, Workload};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What to run and where to write the results.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Input records per workload (`TALLY_BENCH_RECORDS`, 200000).
+    pub records: usize,
+    /// Runs per contender and workload, interleaved (`TALLY_BENCH_RUNS`, 3).
+    pub runs: usize,
+    /// Partitions of input and output topics (`TALLY_BENCH_PARTITIONS`, 3).
+    pub partitions: i32,
+    /// Workloads (`TALLY_BENCH_WORKLOADS`: `all`, `none` or comma-separated names, default all).
+    pub workloads: Vec<Workload>,
+    /// Contenders in run order (`TALLY_BENCH_CONTENDERS`, `ceiling,tally,kstreams`).
+    pub contenders: Vec<Contender>,
+    /// Seconds of paced input per latency run, 0 skips (`TALLY_BENCH_LATENCY_SECS`, 20).
+    pub latency_secs: u64,
+    /// Changelog records of the restore runs, 0 skips (`TALLY_BENCH_RESTORE_RECORDS`, 1000000).
+    pub restore_records: usize,
+    /// Longest one run may take (`TALLY_BENCH_RUN_TIMEOUT_SECS`, 900).
+    pub timeout: Duration,
+    /// The results file (`TALLY_BENCH_OUT`, `bench/RESULTS.md`).
+    pub out: PathBuf,
+    /// JVM options of the Kafka Streams app (`TALLY_BENCH_JAVA_OPTS`, `-Xmx1g`).
+    pub java_opts: Vec<String>,
+    /// Seed of the generated inputs (`TALLY_BENCH_SEED`, 42).
+    pub seed: u64,
+    /// A sentence about the conditions of the run, copied into the results (`TALLY_BENCH_NOTE`).
+    pub note: Option<String>,
+    /// The command line that reproduces this run.
+    pub command: String,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => v
+            .trim()
+            .parse()
+            .ok()
+            .with_context(|| format!("{name}={v} is not a valid number")),
+    }
+}
+
+impl Options {
+    /// Reads the environment; `repo` is the repository root.
+    pub fn from_env(repo: &std::path::Path) -> Result<Self> {
+        let all = workload::matrix();
+        let workloads = match var("TALLY_BENCH_WORKLOADS").as_deref() {
+            None | Some("all") => all,
+            Some("none") => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(|n| {
+                    let n = n.trim();
+                    all.iter().find(|w| w.name == n).cloned().with_context(|| {
+                        let names: Vec<&str> = all.iter().map(|w| w.name.as_str()).collect();
+                        format!(
+                            "unknown workload `{n}` in TALLY_BENCH_WORKLOADS; known: {}",
+                            names.join(", ")
+                        )
+                    })
+                })
+                .collect::<Result<_>>()?,
+        };
+        let contenders = match var("TALLY_BENCH_CONTENDERS") {
+            None => vec![Contender::Ceiling, Contender::Tally, Contender::KStreams],
+            Some(list) => list
+                .split(',')
+                .map(|n| {
+                    Contender::parse(n.trim()).with_context(|| {
+                        format!("unknown contender `{n}` in TALLY_BENCH_CONTENDERS (ceiling, tally, kstreams)")
+                    })
+                })
+                .collect::<Result<_>>()?,
+        };
+        let runs = number("TALLY_BENCH_RUNS", 3)?;
+        if runs == 0 {
+            bail!("TALLY_BENCH_RUNS must be at least 1");
+        }
+        let mut settings: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("TALLY_BENCH_"))
+            .collect();
+        settings.sort();
+        let mut command: Vec<String> = settings
+            .iter()
+            .map(|(k, v)| {
+                if v.contains(' ') {
+                    format!("{k}='{v}'")
+                } else {
+                    format!("{k}={v}")
+                }
+            })
+            .collect();
+        command.push("scripts/bench".to_string());
+        Ok(Self {
+            records: number("TALLY_BENCH_RECORDS", 200_000)?,
+            runs,
+            partitions: number("TALLY_BENCH_PARTITIONS", 3)?,
+            workloads,
+            contenders,
+            latency_secs: number("TALLY_BENCH_LATENCY_SECS", 20)?,
+            restore_records: number("TALLY_BENCH_RESTORE_RECORDS", 1_000_000)?,
+            timeout: Duration::from_secs(number("TALLY_BENCH_RUN_TIMEOUT_SECS", 900)?),
+            out: var("TALLY_BENCH_OUT").map_or_else(|| repo.join("bench/RESULTS.md"), PathBuf::from),
+            java_opts: var("TALLY_BENCH_JAVA_OPTS")
+                .unwrap_or_else(|| "-Xmx1g".to_string())
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+            seed: number("TALLY_BENCH_SEED", 42)?,
+            note: var("TALLY_BENCH_NOTE"),
+            command: command.join(" "),
+        })
+    }
+}

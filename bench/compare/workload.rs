@@ -1,0 +1,185 @@
+//! The benchmark matrix: seeded input streams and how many outputs a correct run makes of them.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Which of tally's example topologies a workload runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// `topologies/payments.yaml`: repartition by payment id, `ignore` on `{payment_id}:{status}`.
+    Payments,
+    /// `topologies/entity-sync.yaml`: repartition by entity, `overwrite` on its version.
+    Entities,
+}
+
+/// One cell of the matrix.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Short name, e.g. `payments-256B-dup10`.
+    pub name: String,
+    /// The topology the contenders run.
+    pub topology: Topology,
+    /// Bytes per record value.
+    pub value_bytes: usize,
+    /// Payments: share of records (percent) that repeat an earlier event with a new message key.
+    pub dup_pct: u32,
+    /// Entities: how many distinct entity keys.
+    pub keys: usize,
+}
+
+/// Share of entity updates (percent) that arrive late, after a higher version of their entity.
+pub const OUT_OF_ORDER_PCT: u32 = 5;
+
+/// Every workload of the matrix: payments with 0/10/50% duplicates and entity sync with 10k and
+/// 1M keys (5% out of order), each with 256 B and 1 KiB values.
+pub fn matrix() -> Vec<Workload> {
+    let mut all = Vec::new();
+    for value_bytes in [256, 1024] {
+        let size = if value_bytes == 256 { "256B" } else { "1KB" };
+        for dup_pct in [0, 10, 50] {
+            all.push(Workload {
+                name: format!("payments-{size}-dup{dup_pct}"),
+                topology: Topology::Payments,
+                value_bytes,
+                dup_pct,
+                keys: 0,
+            });
+        }
+        for (keys, label) in [(10_000, "10k"), (1_000_000, "1M")] {
+            all.push(Workload {
+                name: format!("entities-{size}-{label}"),
+                topology: Topology::Entities,
+                value_bytes,
+                dup_pct: 0,
+                keys,
+            });
+        }
+    }
+    all
+}
+
+/// A generated input stream.
+pub struct Input {
+    /// (message key, value) in production order.
+    pub records: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Records a correct dedup / version gate passes.
+    pub expected_outputs: usize,
+}
+
+impl Workload {
+    /// Generates `n` records. Entity updates are keyed by entity, so each entity's updates keep
+    /// their order through the repartition and the expected output count is exact.
+    pub fn generate(&self, n: usize, seed: u64) -> Input {
+        match self.topology {
+            Topology::Payments => payments(n, self.dup_pct, self.value_bytes, seed),
+            Topology::Entities => entities(n, self.keys, self.value_bytes, seed),
+        }
+    }
+
+    /// One line saying what the workload is.
+    pub fn describe(&self) -> String {
+        match self.topology {
+            Topology::Payments => format!(
+                "payments.yaml, {} B values, {}% of records re-push an earlier event with a new message key",
+                self.value_bytes, self.dup_pct
+            ),
+            Topology::Entities => format!(
+                "entity-sync.yaml, {} B values, {} entities, {OUT_OF_ORDER_PCT}% of updates arrive after a higher version",
+                self.value_bytes, self.keys
+            ),
+        }
+    }
+}
+
+const STATUSES: [(&str, &str); 3] = [
+    ("payment.authorized", "AUTHORIZED"),
+    ("payment.completed", "PAID"),
+    ("payment.refunded", "REFUNDED"),
+];
+
+/// The `event`-th distinct payment event as the `seq`-th record: (message key, value).
+pub fn payment_record(seed: u64, event: usize, seq: usize, value_bytes: usize) -> (String, Vec<u8>) {
+    let payment_id = format!("PAY-{seed}-{:08}", event / 3);
+    let (event_type, status) = STATUSES[event % 3];
+    let amount = (event * 7919) % 500_000;
+    let head = format!(
+        r#"{{"event_type":"{event_type}","payment_id":"{payment_id}","status":"{status}","amount":{}.{:02},"seq":{seq},"pad":""#,
+        amount / 100,
+        amount % 100
+    );
+    (payment_id, padded(head, value_bytes))
+}
+
+fn payments(n: usize, dup_pct: u32, value_bytes: usize, seed: u64) -> Input {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut records = Vec::with_capacity(n);
+    let mut events = 0usize;
+    for seq in 0..n {
+        if events > 0 && rng.random_range(0..100) < dup_pct {
+            // A re-push of a recent event: new message key (another partition), same business key.
+            let event = events - 1 - rng.random_range(0..events.min(1000));
+            let (_, value) = payment_record(seed, event, seq, value_bytes);
+            let key = format!("retry-{}", rng.random::<u32>());
+            records.push((key.into_bytes(), value));
+        } else {
+            let (key, value) = payment_record(seed, events, seq, value_bytes);
+            records.push((key.into_bytes(), value));
+            events += 1;
+        }
+    }
+    Input {
+        records,
+        expected_outputs: events,
+    }
+}
+
+fn entities(n: usize, keys: usize, value_bytes: usize, seed: u64) -> Input {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut versions = vec![0i64; keys];
+    let mut recent: Vec<usize> = Vec::with_capacity(1024);
+    let mut records = Vec::with_capacity(n);
+    let mut expected = 0usize;
+    for seq in 0..n {
+        let late = !recent.is_empty() && rng.random_range(0..100) < OUT_OF_ORDER_PCT;
+        let (entity, version) = if late {
+            // A late update of a recently updated entity: its version is at most the current one.
+            let e = recent[rng.random_range(0..recent.len())];
+            (e, versions[e] - rng.random_range(0..versions[e].min(3)))
+        } else {
+            let e = rng.random_range(0..keys);
+            versions[e] += 1;
+            expected += 1;
+            if recent.len() < 1024 {
+                recent.push(e);
+            } else {
+                recent[seq % 1024] = e;
+            }
+            (e, versions[e])
+        };
+        let id = format!("C-{entity:07}");
+        let head = format!(
+            r#"{{"event_type":"entity.updated","entity_type":"customer","entity_id":"{id}","version":{version},"seq":{seq},"pad":""#
+        );
+        records.push((format!("customer:{id}").into_bytes(), padded(head, value_bytes)));
+    }
+    Input {
+        records,
+        expected_outputs: expected,
+    }
+}
+
+/// Closes a JSON value whose last field is an open `"pad":"` string, filled to `size` bytes.
+fn padded(mut head: String, size: usize) -> Vec<u8> {
+    let fill = size.saturating_sub(head.len() + 2);
+    head.extend(std::iter::repeat_n('x', fill));
+    head.push_str("\"}");
+    head.into_bytes()
+}
+
+/// The `seq` field of a generated value (the join key of latency measurements).
+pub fn seq_of(value: &[u8]) -> Option<usize> {
+    const TAG: &[u8] = b"\"seq\":";
+    let at = value.windows(TAG.len()).position(|w| w == TAG)? + TAG.len();
+    let digits = value[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&value[at..at + digits]).ok()?.parse().ok()
+}
