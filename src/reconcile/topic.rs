@@ -2,7 +2,8 @@
 //! so a reconciliation of a topic that is still being written terminates.
 
 use anyhow::{bail, Context, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaErrorCode;
@@ -53,8 +54,8 @@ pub fn read_to_end(
     topic: &str,
     each: &mut dyn FnMut(&BorrowedMessage<'_>) -> Result<()>,
 ) -> Result<()> {
-    let consumer: BaseConsumer = config
-        .create()
+    let consumer: BaseConsumer<Reader> = config
+        .create_with_context(Reader)
         .context("cannot create a Kafka consumer; check --kafka-property")?;
     let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT).with_context(|| {
         format!("cannot read the metadata of topic `{topic}`; is the broker reachable (--bootstrap, KAFKA_BOOTSTRAP)?")
@@ -125,6 +126,21 @@ pub fn read_to_end(
     }
     Ok(())
 }
+
+/// The reader's client context: librdkafka also hands end-of-partition events, which the
+/// reader asks for and handles, to the error callback; they are not errors, so they are not
+/// logged as such.
+struct Reader;
+
+impl ClientContext for Reader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Reader {}
 
 /// Errors a consumer recovers from by itself (reconnecting); the stall timeout bounds them.
 fn transient(code: RDKafkaErrorCode) -> bool {
