@@ -62,7 +62,7 @@ pub struct OfflineArgs {
     #[arg(long)]
     pub strict: bool,
     /// Directory for the temporary work database (default: the system's temporary directory);
-    /// it needs room for about twice the keys' bytes.
+    /// it needs disk space for every key and its counts.
     #[arg(long, value_name = "DIR")]
     pub work_dir: Option<PathBuf>,
     /// No progress line on stderr, even on a terminal.

@@ -112,7 +112,7 @@ pub fn run(opts: &Options) -> Result<Findings> {
     let mut report = Report::new(report_file, opts.examples)?;
     read_sent(opts, &mut ledger, &mut report)?;
     read_processed(opts, &mut ledger, &mut report)?;
-    let progress = Progress::start("comparing keys", opts.progress);
+    let progress = Progress::start("comparing", "keys", opts.progress);
     ledger.scan(&mut |key, counts| {
         progress.inc();
         report.key(key, counts)
@@ -142,7 +142,7 @@ pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
 }
 
 fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
-    let progress = Progress::start("reading sent keys", opts.progress);
+    let progress = Progress::start("reading sent keys", "records", opts.progress);
     match &opts.sent {
         SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_field, &mut |entry| {
             progress.inc();
@@ -162,7 +162,7 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
 }
 
 fn read_processed(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
-    let progress = Progress::start("reading processed keys", opts.progress);
+    let progress = Progress::start("reading processed keys", "records", opts.progress);
     topic::read_to_end(&opts.kafka, &opts.processed, &mut |m| {
         progress.inc();
         let keyed = match opts.processed_kind {

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use tempfile::NamedTempFile;
 
@@ -302,6 +303,9 @@ impl ReportFile {
                 path.display()
             )
         })?;
+        // A temporary file is private (0600); the report is an ordinary file for others to read.
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
+            .with_context(|| format!("cannot create the report `{}`", path.display()))?;
         let out = match format {
             ReportFormat::Json => Out::Json(BufWriter::new(tmp)),
             ReportFormat::Csv => {
@@ -436,6 +440,12 @@ mod tests {
         feed(&mut report);
         let findings = report.finish().expect("finish");
         assert_eq!(findings.summary, expected_summary());
+        let mode = std::fs::metadata(&path).expect("report").permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o644,
+            "readable like any file, not private like a temporary one"
+        );
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
             .expect("read")
             .lines()
