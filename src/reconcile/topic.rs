@@ -69,8 +69,9 @@ pub fn read_to_end(
     if partitions.is_empty() {
         bail!("topic `{topic}` does not exist or has no partitions");
     }
-    // With read_committed the watermark query answers the last stable offset: what was
-    // committed when reading started.
+    // A partition is done at the first of: a record at or past its end taken here, or an
+    // end-of-partition event, which read_committed raises at the last stable offset, so a
+    // transaction still open is never waited for.
     let mut ends: HashMap<i32, i64> = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for p in partitions {
