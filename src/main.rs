@@ -49,6 +49,18 @@ enum Command {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// Compare what upstream says it sent with what tally processed.
+    Reconcile {
+        #[command(subcommand)]
+        mode: Reconcile,
+    },
+}
+
+#[derive(Subcommand)]
+enum Reconcile {
+    /// Report missing, ghost and duplicate keys between a sent file or topic and a processed
+    /// topic; exit 0 when nothing is missing, 1 when it fails, 2 when it cannot run.
+    Offline(commands::reconcile::OfflineArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +72,10 @@ fn main() -> ExitCode {
     };
     commands::logging::init(cli.log_json, filter);
     let result = match cli.command {
+        // Its own exit codes: 1 means anomalies, 2 that it could not run.
+        Command::Reconcile {
+            mode: Reconcile::Offline(args),
+        } => return commands::reconcile::offline(&args),
         Command::Run {
             topology,
             instance_id,

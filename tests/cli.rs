@@ -87,7 +87,7 @@ dead_letter: { topic: dlq }
 fn help_lists_the_commands() {
     let out = tally(&["--help"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    for cmd in ["run", "validate", "describe", "demo"] {
+    for cmd in ["run", "validate", "describe", "demo", "reconcile"] {
         assert!(text.contains(cmd), "{text}");
     }
 }

@@ -2,5 +2,6 @@
 
 pub mod describe;
 pub mod logging;
+pub mod reconcile;
 pub mod run;
 pub mod validate;

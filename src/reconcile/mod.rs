@@ -1,4 +1,11 @@
-//! Reconciliation: proving nothing was lost, live (events stuck unfinished) and offline
-//! (what upstream sent against what was processed).
+//! Reconciliation: proving nothing was lost, live (events stuck unfinished on the trace topic)
+//! and offline (what upstream sent against what was processed).
 
+pub mod files;
+pub mod ledger;
 pub mod live;
+pub mod offline;
+pub mod progress;
+pub mod records;
+pub mod report;
+pub mod topic;

@@ -1,0 +1,139 @@
+//! `tally reconcile`: compares what upstream says it sent with what tally processed.
+//!
+//! Exit codes, like diff(1): 0 nothing missing, 1 anomalies that fail the run (missing keys,
+//! unreadable sent records; with `--strict` also ghosts, duplicates and unreadable processed
+//! records), 2 the reconciliation could not run (arguments, files, Kafka).
+
+use crate::reconcile::files::FileFormat;
+use crate::reconcile::offline::{self, Options, ProcessedKind, SentSource};
+use crate::reconcile::report::ReportFormat;
+use crate::reconcile::topic;
+use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Exit code when the reconciliation found what fails it.
+pub const EXIT_FAILED: u8 = 1;
+/// Exit code when the reconciliation could not run.
+pub const EXIT_ERROR: u8 = 2;
+
+/// Arguments of `tally reconcile offline`.
+#[derive(Debug, clap::Args)]
+pub struct OfflineArgs {
+    /// What upstream says it sent: a JSON Lines or CSV file of idempotency keys, or
+    /// `topic:<name>` (key from the `tally.idempotency_key` header, else the JSON value's field).
+    #[arg(long, value_name = "FILE|topic:NAME")]
+    pub sent: String,
+    /// Layout of the --sent file when its extension (.jsonl, .ndjson, .json, .csv) does not say.
+    #[arg(long, value_enum)]
+    pub sent_format: Option<FileFormat>,
+    /// JSON field or CSV column of the idempotency key in sent records.
+    #[arg(long, default_value = "idempotency_key")]
+    pub sent_field: String,
+    /// The topic of what was processed: a pipeline's output topic (or a trace topic, see
+    /// --processed-kind).
+    #[arg(long, value_name = "TOPIC")]
+    pub processed: String,
+    /// What --processed holds: outputs (header `tally.idempotency_key`) or tally.trace/v1
+    /// records (emitting COMPLETED records count).
+    #[arg(long, value_enum, default_value = "output")]
+    pub processed_kind: ProcessedKind,
+    /// With --processed-kind trace: count only this node's records (`<application_id>/<pipeline>`).
+    #[arg(long, value_name = "NODE")]
+    pub trace_node: Option<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BOOTSTRAP")]
+    pub bootstrap: String,
+    /// A librdkafka property for the consumers (TLS, SASL, …) as KEY=VALUE; repeatable.
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property)]
+    pub kafka_properties: Vec<(String, String)>,
+    /// Write every anomaly to this file.
+    #[arg(long, value_name = "PATH")]
+    pub report: Option<PathBuf>,
+    /// Layout of the report: JSON Lines (one object per anomaly, then a summary object) or CSV
+    /// (`kind,idempotency_key,count,detail`). Default: csv for a .csv path, else json.
+    #[arg(long, value_enum, requires = "report")]
+    pub report_format: Option<ReportFormat>,
+    /// Examples of each anomaly shown in the summary.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub examples: usize,
+    /// Fail (exit 1) on ghosts, duplicates and unreadable processed records too, not only on
+    /// missing keys and unreadable sent records.
+    #[arg(long)]
+    pub strict: bool,
+    /// Directory for the temporary work database (default: the system's temporary directory);
+    /// it needs disk space for every key and its counts.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// No progress line on stderr, even on a terminal.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Runs `tally reconcile offline`: prints the summary on stdout, writes the report, and returns
+/// the exit code.
+pub fn offline(args: &OfflineArgs) -> ExitCode {
+    match run_offline(args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(EXIT_FAILED),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run_offline(args: &OfflineArgs) -> Result<bool> {
+    let opts = options(args)?;
+    let findings = offline::run(&opts)?;
+    print!("{}", findings.render(&opts.sent.describe(), &opts.describe_processed()));
+    let failures = offline::failures(&findings.summary, args.strict);
+    if let Some((path, _)) = &opts.report {
+        println!("report     {}", path.display());
+    }
+    if failures.is_empty() {
+        println!("result     OK: nothing missing");
+    } else {
+        println!("result     FAILED: {}", failures.join(", "));
+    }
+    Ok(failures.is_empty())
+}
+
+fn options(args: &OfflineArgs) -> Result<Options> {
+    if args.trace_node.is_some() && args.processed_kind != ProcessedKind::Trace {
+        bail!("--trace-node applies to --processed-kind trace");
+    }
+    let report = args.report.as_ref().map(|path| {
+        let format = args.report_format.unwrap_or(if is_csv(path) {
+            ReportFormat::Csv
+        } else {
+            ReportFormat::Json
+        });
+        (path.clone(), format)
+    });
+    Ok(Options {
+        sent: SentSource::parse(&args.sent, args.sent_format)?,
+        sent_field: args.sent_field.clone(),
+        processed: args.processed.clone(),
+        processed_kind: args.processed_kind,
+        trace_node: args.trace_node.clone(),
+        kafka: topic::client_config(&args.bootstrap, &args.kafka_properties)?,
+        report,
+        examples: args.examples,
+        work_dir: args.work_dir.clone(),
+        progress: !args.no_progress,
+    })
+}
+
+fn is_csv(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("csv"))
+}
+
+fn parse_property(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}

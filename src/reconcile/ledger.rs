@@ -1,0 +1,253 @@
+//! Per-key counts (times sent, times processed) in a temporary RocksDB, so reconciling millions
+//! of keys costs disk rather than memory; one ordered scan then yields each key's verdict.
+
+use anyhow::{Context, Result};
+use rocksdb::{BlockBasedOptions, Cache, MergeOperands, Options, WriteBatch, WriteOptions, DB};
+use std::path::Path;
+
+/// Count updates per WriteBatch.
+const BATCH_OPS: usize = 10_000;
+/// Memtable size; with `MAX_WRITE_BUFFERS` it bounds the write side's memory.
+const WRITE_BUFFER_BYTES: usize = 32 << 20;
+const MAX_WRITE_BUFFERS: i32 = 2;
+/// Block cache for the scan, index and filter blocks included.
+const CACHE_BYTES: usize = 16 << 20;
+
+/// How often a key was sent and processed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Times upstream listed it as sent.
+    pub sent: u64,
+    /// Times it was processed (emitted).
+    pub processed: u64,
+}
+
+/// What a key's counts say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Sent and processed once.
+    Reconciled,
+    /// Sent, never processed.
+    Missing,
+    /// Processed, never sent.
+    Ghost,
+    /// Sent, processed more than once.
+    Duplicate,
+}
+
+impl Counts {
+    /// The verdict on a key with these counts. A key processed twice but never sent is a ghost
+    /// (its count says how often), not also a duplicate.
+    pub fn verdict(self) -> Verdict {
+        match (self.sent, self.processed) {
+            (0, _) => Verdict::Ghost,
+            (_, 0) => Verdict::Missing,
+            (_, 1) => Verdict::Reconciled,
+            _ => Verdict::Duplicate,
+        }
+    }
+
+    fn encode(self) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&self.sent.to_le_bytes());
+        out[8..].copy_from_slice(&self.processed.to_le_bytes());
+        out
+    }
+
+    /// Decodes what `encode` wrote; the database is private to this run, so a short value
+    /// cannot occur and would read as zero.
+    fn decode(bytes: &[u8]) -> Self {
+        let half = |range: std::ops::Range<usize>| {
+            bytes
+                .get(range)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        Self {
+            sent: half(0..8),
+            processed: half(8..16),
+        }
+    }
+
+    fn plus(self, other: Self) -> Self {
+        Self {
+            sent: self.sent.saturating_add(other.sent),
+            processed: self.processed.saturating_add(other.processed),
+        }
+    }
+}
+
+/// Sums count updates: RocksDB merges them without a read per update.
+fn add_counts(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
+    let start = existing.map(Counts::decode).unwrap_or_default();
+    let total = operands.iter().map(Counts::decode).fold(start, Counts::plus);
+    Some(total.encode().to_vec())
+}
+
+/// The temporary count database; deleted when dropped.
+pub struct Ledger {
+    // Declared before `dir` so the database closes before its directory is removed.
+    db: DB,
+    batch: WriteBatch,
+    write: WriteOptions,
+    dir: tempfile::TempDir,
+}
+
+impl Ledger {
+    /// Creates an empty ledger in a new directory under `parent` (the system's temporary
+    /// directory when `None`).
+    pub fn create(parent: Option<&Path>) -> Result<Self> {
+        let parent = parent.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        let dir = tempfile::Builder::new()
+            .prefix("tally-reconcile-")
+            .tempdir_in(&parent)
+            .with_context(|| {
+                format!(
+                    "cannot create a work directory in `{}`; pick one with --work-dir",
+                    parent.display()
+                )
+            })?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.set_merge_operator_associative("tally.reconcile.add", add_counts);
+        opts.set_write_buffer_size(WRITE_BUFFER_BYTES);
+        opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS);
+        opts.set_max_background_jobs(2);
+        opts.set_max_open_files(256);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&Cache::new_lru_cache(CACHE_BYTES));
+        table.set_cache_index_and_filter_blocks(true);
+        opts.set_block_based_table_factory(&table);
+        let db = DB::open(&opts, dir.path())
+            .with_context(|| format!("cannot open the work database in `{}`", dir.path().display()))?;
+        // The database lives for one run: a crash loses nothing worth a write-ahead log.
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        Ok(Self {
+            db,
+            batch: WriteBatch::default(),
+            write,
+            dir,
+        })
+    }
+
+    /// Counts one sending of `key`.
+    pub fn sent(&mut self, key: &[u8]) -> Result<()> {
+        self.add(key, Counts { sent: 1, processed: 0 })
+    }
+
+    /// Counts one processing of `key`.
+    pub fn processed(&mut self, key: &[u8]) -> Result<()> {
+        self.add(key, Counts { sent: 0, processed: 1 })
+    }
+
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
+        self.batch.merge(key, counts.encode());
+        if self.batch.len() >= BATCH_OPS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.db
+            .write_opt(batch, &self.write)
+            .with_context(|| format!("cannot write to the work database in `{}`", self.dir.path().display()))
+    }
+
+    /// Hands every key with its counts to `each`, in byte order of the keys.
+    pub fn scan(&mut self, each: &mut dyn FnMut(&[u8], Counts) -> Result<()>) -> Result<()> {
+        self.flush()?;
+        let mut read = rocksdb::ReadOptions::default();
+        read.fill_cache(false);
+        read.set_readahead_size(4 << 20);
+        let mut it = self.db.raw_iterator_opt(read);
+        it.seek_to_first();
+        while let (Some(key), Some(value)) = (it.key(), it.value()) {
+            each(key, Counts::decode(value))?;
+            it.next();
+        }
+        it.status().context("cannot read the work database")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(ledger: &mut Ledger) -> Vec<(String, Counts)> {
+        let mut out = Vec::new();
+        ledger
+            .scan(&mut |k, c| {
+                out.push((String::from_utf8_lossy(k).into_owned(), c));
+                Ok(())
+            })
+            .expect("scan");
+        out
+    }
+
+    fn counts(sent: u64, processed: u64) -> Counts {
+        Counts { sent, processed }
+    }
+
+    #[test]
+    fn counts_add_up_per_key_and_scan_in_key_order() {
+        let mut ledger = Ledger::create(None).expect("ledger");
+        for k in ["b", "a", "c", "a"] {
+            ledger.sent(k.as_bytes()).expect("sent");
+        }
+        for k in ["a", "d", "d", "c", "c", "c"] {
+            ledger.processed(k.as_bytes()).expect("processed");
+        }
+        let got = scan(&mut ledger);
+        let expected = vec![
+            ("a".to_string(), counts(2, 1)),
+            ("b".to_string(), counts(1, 0)),
+            ("c".to_string(), counts(1, 3)),
+            ("d".to_string(), counts(0, 2)),
+        ];
+        assert_eq!(got, expected);
+        let verdicts: Vec<Verdict> = got.iter().map(|(_, c)| c.verdict()).collect();
+        assert_eq!(
+            verdicts,
+            [
+                Verdict::Reconciled,
+                Verdict::Missing,
+                Verdict::Duplicate,
+                Verdict::Ghost
+            ]
+        );
+    }
+
+    #[test]
+    fn more_updates_than_a_batch_and_across_flushes_are_all_counted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut ledger = Ledger::create(Some(dir.path())).expect("ledger");
+        let n = BATCH_OPS * 2 + 17;
+        for i in 0..n {
+            ledger.sent(format!("k{:06}", i % 1000).as_bytes()).expect("sent");
+        }
+        // Reading in between flushes the open batch; later updates keep adding.
+        assert_eq!(scan(&mut ledger).len(), 1000);
+        for i in 0..1000 {
+            ledger.processed(format!("k{i:06}").as_bytes()).expect("processed");
+        }
+        let got = scan(&mut ledger);
+        let sent: u64 = got.iter().map(|(_, c)| c.sent).sum();
+        assert_eq!(sent, n as u64);
+        assert!(got.iter().all(|(_, c)| c.processed == 1));
+    }
+
+    #[test]
+    fn an_empty_ledger_scans_nothing_and_its_directory_goes_when_dropped() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let mut ledger = Ledger::create(Some(parent.path())).expect("ledger");
+        assert!(scan(&mut ledger).is_empty());
+        let path = ledger.dir.path().to_path_buf();
+        assert!(path.exists());
+        drop(ledger);
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,271 @@
+//! Offline reconciliation: the keys upstream says it sent against the keys tally processed,
+//! counted in a temporary RocksDB (memory does not grow with the key count) and compared in one
+//! ordered scan that reports missing, ghost and duplicate keys.
+
+use super::files::{self, Entry, FileFormat, Unreadable};
+use super::ledger::Ledger;
+use super::progress::Progress;
+use super::records::{self, Keyed};
+use super::report::{Findings, Report, ReportFormat, Side, Summary};
+use super::topic;
+use crate::engine::emit::IDEMPOTENCY_KEY_HEADER;
+use anyhow::{bail, Result};
+use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::{ClientConfig, Message};
+use std::path::PathBuf;
+
+/// The prefix of `--sent` that names a topic instead of a file.
+pub const TOPIC_PREFIX: &str = "topic:";
+
+/// Where the sent keys come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SentSource {
+    /// A JSON Lines or CSV file.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Its layout.
+        format: FileFormat,
+    },
+    /// A topic: the key is a record's idempotency-key header, else a field of its JSON value.
+    Topic(String),
+}
+
+impl SentSource {
+    /// Parses `--sent`: `topic:<name>`, or a file whose layout is `format` or follows from its
+    /// extension.
+    pub fn parse(arg: &str, format: Option<FileFormat>) -> Result<Self> {
+        if let Some(topic) = arg.strip_prefix(TOPIC_PREFIX) {
+            if topic.is_empty() {
+                bail!("--sent `{arg}` names no topic; write `topic:<name>`");
+            }
+            if format.is_some() {
+                bail!("--sent-format applies to files; --sent `{arg}` is a topic");
+            }
+            return Ok(Self::Topic(topic.to_string()));
+        }
+        let path = PathBuf::from(arg);
+        let Some(format) = format.or_else(|| FileFormat::from_extension(&path)) else {
+            bail!("cannot tell the format of `{arg}` from its extension; add --sent-format jsonl or --sent-format csv");
+        };
+        Ok(Self::File { path, format })
+    }
+
+    /// How the summary names it.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::File { path, .. } => format!("file `{}`", path.display()),
+            Self::Topic(t) => format!("topic `{t}`"),
+        }
+    }
+}
+
+/// What the processed topic holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProcessedKind {
+    /// A pipeline's output topic: each record carries the `tally.idempotency_key` header.
+    Output,
+    /// A trace topic (`tally.trace/v1`): `COMPLETED` records with no outcome or
+    /// `PENDING_CREATE` count as processed.
+    Trace,
+}
+
+/// Everything one reconciliation needs.
+pub struct Options {
+    /// Where the sent keys come from.
+    pub sent: SentSource,
+    /// The JSON field or CSV column of the sent key.
+    pub sent_field: String,
+    /// The processed topic.
+    pub processed: String,
+    /// What the processed topic holds.
+    pub processed_kind: ProcessedKind,
+    /// With a trace topic: count only this node's records.
+    pub trace_node: Option<String>,
+    /// The Kafka client settings (see `topic::client_config`).
+    pub kafka: ClientConfig,
+    /// The report file and its format.
+    pub report: Option<(PathBuf, ReportFormat)>,
+    /// Examples of each anomaly kept for the summary.
+    pub examples: usize,
+    /// Where the temporary work database goes (the system's temporary directory when `None`).
+    pub work_dir: Option<PathBuf>,
+    /// Show progress on stderr when it is a terminal.
+    pub progress: bool,
+}
+
+impl Options {
+    /// How the summary names the processed topic.
+    pub fn describe_processed(&self) -> String {
+        match self.processed_kind {
+            ProcessedKind::Output => format!("output topic `{}`", self.processed),
+            ProcessedKind::Trace => format!("trace topic `{}`", self.processed),
+        }
+    }
+}
+
+/// Runs a reconciliation: reads both sides into the work database, compares them and writes
+/// the report.
+pub fn run(opts: &Options) -> Result<Findings> {
+    let mut ledger = Ledger::create(opts.work_dir.as_deref())?;
+    let report_file = opts.report.as_ref().map(|(p, f)| (p.as_path(), *f));
+    let mut report = Report::new(report_file, opts.examples)?;
+    read_sent(opts, &mut ledger, &mut report)?;
+    read_processed(opts, &mut ledger, &mut report)?;
+    let progress = Progress::start("comparing", "keys", opts.progress);
+    ledger.scan(&mut |key, counts| {
+        progress.inc();
+        report.key(key, counts)
+    })?;
+    progress.finish();
+    report.finish()
+}
+
+/// Why a reconciliation fails, one phrase per reason; empty when it passes. Missing keys fail,
+/// and so do unreadable sent records (each could hide a missing key); with `strict` ghosts,
+/// duplicates and unreadable processed records fail too.
+pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fail = |n: u64, what: &str| {
+        if n > 0 {
+            out.push(format!("{n} {what}"));
+        }
+    };
+    fail(s.missing, "missing");
+    fail(s.unreadable_sent, "unreadable sent");
+    if strict {
+        fail(s.ghost, "ghost");
+        fail(s.duplicate, "duplicate");
+        fail(s.unreadable_processed, "unreadable processed");
+    }
+    out
+}
+
+fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
+    let progress = Progress::start("reading sent keys", "records", opts.progress);
+    match &opts.sent {
+        SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_field, &mut |entry| {
+            progress.inc();
+            match entry {
+                Entry::Key(key) => count(Keyed::Key(key.into()), Side::Sent, ledger, report, String::new),
+                Entry::Unreadable(u) => report.unreadable(Side::Sent, &u),
+            }
+        })?,
+        SentSource::Topic(name) => topic::read_to_end(&opts.kafka, name, &mut |m| {
+            progress.inc();
+            let keyed = records::sent(header(m, IDEMPOTENCY_KEY_HEADER), m.payload(), &opts.sent_field);
+            count(keyed, Side::Sent, ledger, report, || location(m))
+        })?,
+    }
+    progress.finish();
+    Ok(())
+}
+
+fn read_processed(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
+    let progress = Progress::start("reading processed keys", "records", opts.progress);
+    topic::read_to_end(&opts.kafka, &opts.processed, &mut |m| {
+        progress.inc();
+        let keyed = match opts.processed_kind {
+            ProcessedKind::Output => records::output(header(m, IDEMPOTENCY_KEY_HEADER)),
+            ProcessedKind::Trace => records::trace(m.payload(), opts.trace_node.as_deref()),
+        };
+        count(keyed, Side::Processed, ledger, report, || location(m))
+    })?;
+    progress.finish();
+    Ok(())
+}
+
+/// Adds what one record contributes; `location` names it when it is unreadable.
+fn count(
+    keyed: Keyed<'_>,
+    side: Side,
+    ledger: &mut Ledger,
+    report: &mut Report,
+    location: impl FnOnce() -> String,
+) -> Result<()> {
+    match keyed {
+        Keyed::Key(key) => match side {
+            Side::Sent => {
+                report.summary().sent_records += 1;
+                ledger.sent(key.as_bytes())
+            }
+            Side::Processed => {
+                report.summary().processed_records += 1;
+                ledger.processed(key.as_bytes())
+            }
+        },
+        Keyed::Skipped => {
+            report.summary().skipped += 1;
+            Ok(())
+        }
+        Keyed::Unreadable(reason) => report.unreadable(
+            side,
+            &Unreadable {
+                location: location(),
+                reason,
+            },
+        ),
+    }
+}
+
+/// `<topic>/<partition>/<offset>`, as trace event ids name records.
+fn location(m: &BorrowedMessage<'_>) -> String {
+    format!("{}/{}/{}", m.topic(), m.partition(), m.offset())
+}
+
+fn header<'a>(m: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
+    m.headers()?.iter().find(|h| h.key == name).and_then(|h| h.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sent_names_a_topic_or_a_file_with_a_known_format() {
+        assert_eq!(
+            SentSource::parse("topic:payments.sent", None).expect("topic"),
+            SentSource::Topic("payments.sent".into())
+        );
+        assert_eq!(
+            SentSource::parse("out/sent.csv", None).expect("csv"),
+            SentSource::File {
+                path: "out/sent.csv".into(),
+                format: FileFormat::Csv
+            }
+        );
+        assert_eq!(
+            SentSource::parse("sent.txt", Some(FileFormat::Jsonl)).expect("explicit"),
+            SentSource::File {
+                path: "sent.txt".into(),
+                format: FileFormat::Jsonl
+            }
+        );
+        assert!(SentSource::parse("sent.txt", None).is_err());
+        assert!(SentSource::parse("topic:", None).is_err());
+        assert!(SentSource::parse("topic:t", Some(FileFormat::Csv)).is_err());
+    }
+
+    #[test]
+    fn missing_keys_and_unreadable_sent_records_fail_the_rest_only_when_strict() {
+        let clean = Summary::default();
+        assert!(failures(&clean, true).is_empty());
+        let ghosts = Summary {
+            ghost: 2,
+            duplicate: 1,
+            unreadable_processed: 3,
+            ..Summary::default()
+        };
+        assert!(failures(&ghosts, false).is_empty());
+        assert_eq!(
+            failures(&ghosts, true),
+            ["2 ghost", "1 duplicate", "3 unreadable processed"]
+        );
+        let lost = Summary {
+            missing: 1,
+            unreadable_sent: 4,
+            ..Summary::default()
+        };
+        assert_eq!(failures(&lost, false), ["1 missing", "4 unreadable sent"]);
+    }
+}

@@ -1,0 +1,167 @@
+//! The key a topic record contributes to a reconciliation: a sent record, a tally output, or a
+//! trace record in `tally.trace/v1` format.
+
+use super::files::{json_key, text_key};
+use crate::trace::FORMAT;
+use serde::Deserialize;
+
+/// What one topic record contributes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Keyed<'a> {
+    /// It counts for this idempotency key.
+    Key(std::borrow::Cow<'a, str>),
+    /// It is not one of the records counted (a trace record that is not an output, another
+    /// format, another node); counted as skipped.
+    Skipped,
+    /// It should count but carries no usable key; the sentence says why.
+    Unreadable(String),
+}
+
+/// A sent record: the key in its idempotency-key header when present, else in `field` of its
+/// JSON value (or the value itself when that is a JSON string).
+pub fn sent<'a>(header: Option<&'a [u8]>, payload: Option<&[u8]>, field: &str) -> Keyed<'a> {
+    if let Some(h) = header {
+        return match text_key(h) {
+            Ok(key) => Keyed::Key(key.into()),
+            Err(reason) => Keyed::Unreadable(format!("header: {reason}")),
+        };
+    }
+    match payload {
+        None => Keyed::Unreadable("no idempotency-key header and no value".to_string()),
+        Some(p) => match json_key(p, field) {
+            Ok(key) => Keyed::Key(key.into()),
+            Err(reason) => Keyed::Unreadable(format!("no idempotency-key header, and the value: {reason}")),
+        },
+    }
+}
+
+/// A record of a pipeline's output topic: the key in its idempotency-key header.
+pub fn output(header: Option<&[u8]>) -> Keyed<'_> {
+    match header {
+        None => Keyed::Unreadable("no idempotency-key header".to_string()),
+        Some(h) => match text_key(h) {
+            Ok(key) => Keyed::Key(key.into()),
+            Err(reason) => Keyed::Unreadable(format!("header: {reason}")),
+        },
+    }
+}
+
+/// The fields of a trace record a reconciliation reads.
+#[derive(Deserialize)]
+struct TraceFields {
+    format: Option<String>,
+    idempotency_key: Option<String>,
+    node: Option<String>,
+    status: Option<String>,
+    outcome: Option<String>,
+}
+
+/// A trace record: it counts when it says an event was emitted, `COMPLETED` with no outcome or
+/// with `PENDING_CREATE`; duplicates and stale versions complete without an output. With `node`,
+/// only that node's records count. Records of other formats are skipped, as the format says.
+pub fn trace(payload: Option<&[u8]>, node: Option<&str>) -> Keyed<'static> {
+    let Some(payload) = payload else {
+        return Keyed::Unreadable("a trace record without a value".to_string());
+    };
+    let fields: TraceFields = match serde_json::from_slice(payload) {
+        Ok(f) => f,
+        Err(e) => return Keyed::Unreadable(format!("not a trace record: {e}")),
+    };
+    if fields.format.as_deref() != Some(FORMAT) {
+        return Keyed::Skipped;
+    }
+    if node.is_some_and(|n| fields.node.as_deref() != Some(n)) {
+        return Keyed::Skipped;
+    }
+    let emitted = fields.status.as_deref() == Some("COMPLETED")
+        && matches!(fields.outcome.as_deref(), None | Some("PENDING_CREATE"));
+    if !emitted {
+        return Keyed::Skipped;
+    }
+    match fields.idempotency_key {
+        Some(key) if !key.is_empty() => Keyed::Key(key.into()),
+        _ => Keyed::Unreadable("a COMPLETED trace record without an idempotency_key".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: &str) -> Keyed<'static> {
+        Keyed::Key(k.to_string().into())
+    }
+
+    fn bytes(s: &str) -> Option<&[u8]> {
+        Some(s.as_bytes())
+    }
+
+    #[test]
+    fn sent_records_prefer_the_header_then_the_value() {
+        let object = bytes(r#"{"idempotency_key":"V"}"#);
+        assert_eq!(sent(bytes("H"), object, "idempotency_key"), key("H"));
+        assert_eq!(sent(None, object, "idempotency_key"), key("V"));
+        assert_eq!(sent(None, bytes(r#"{"k":"V"}"#), "k"), key("V"));
+        assert_eq!(sent(None, bytes(r#""S""#), "idempotency_key"), key("S"));
+        assert!(matches!(sent(None, None, "k"), Keyed::Unreadable(_)));
+        assert!(matches!(sent(None, bytes("{oops"), "k"), Keyed::Unreadable(r) if r.contains("not valid JSON")));
+        assert!(matches!(sent(bytes(""), None, "k"), Keyed::Unreadable(r) if r.contains("empty")));
+    }
+
+    #[test]
+    fn outputs_need_the_header() {
+        assert_eq!(output(bytes("PAY-1:PAID")), key("PAY-1:PAID"));
+        assert!(matches!(output(None), Keyed::Unreadable(_)));
+        assert!(matches!(output(Some(b"\xff".as_slice())), Keyed::Unreadable(r) if r.contains("UTF-8")));
+    }
+
+    fn record(status: &str, outcome: Option<&str>, key: Option<&str>) -> Vec<u8> {
+        serde_json::json!({
+            "format": "tally.trace/v1", "event_id": "in/0/1", "idempotency_key": key,
+            "correlation_id": "c", "node": "app/payments", "status": status, "outcome": outcome,
+            "timestamp_ms": 1,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn trace_of(status: &str, outcome: Option<&str>, key: Option<&str>, node: Option<&str>) -> Keyed<'static> {
+        trace(Some(record(status, outcome, key).as_slice()), node)
+    }
+
+    #[test]
+    fn only_emitting_completions_count_as_outputs() {
+        assert_eq!(trace_of("COMPLETED", None, Some("K"), None), key("K"));
+        assert_eq!(trace_of("COMPLETED", Some("PENDING_CREATE"), Some("K"), None), key("K"));
+        for (status, outcome) in [
+            ("COMPLETED", Some("DUPLICATE")),
+            ("COMPLETED", Some("STALE")),
+            ("FAILED", Some("DEAD_LETTER")),
+            ("RECEIVED", None),
+            ("PROCESSING", None),
+        ] {
+            assert_eq!(
+                trace_of(status, outcome, Some("K"), None),
+                Keyed::Skipped,
+                "{status}/{outcome:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn trace_records_of_other_formats_or_nodes_are_skipped_and_garbage_is_unreadable() {
+        let v2 = bytes(r#"{"format":"tally.trace/v2","status":"COMPLETED","idempotency_key":"K"}"#);
+        assert_eq!(trace(v2, None), Keyed::Skipped);
+        assert_eq!(
+            trace_of("COMPLETED", None, Some("K"), Some("app/other")),
+            Keyed::Skipped
+        );
+        assert_eq!(trace_of("COMPLETED", None, Some("K"), Some("app/payments")), key("K"));
+        assert!(matches!(trace(bytes("not json"), None), Keyed::Unreadable(_)));
+        assert!(matches!(trace(None, None), Keyed::Unreadable(_)));
+        assert!(matches!(
+            trace_of("COMPLETED", None, None, None),
+            Keyed::Unreadable(r) if r.contains("without an idempotency_key")
+        ));
+    }
+}

@@ -1,0 +1,174 @@
+//! Reads a topic from its beginning to the end it had when reading started (read_committed),
+//! so a reconciliation of a topic that is still being written terminates.
+
+use anyhow::{bail, Context, Result};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A read that gets nothing for this long has stalled.
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Metadata and watermark requests give up after this long.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Settings the reader needs as they are; `--kafka-property` may not change them.
+const RESERVED: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "isolation.level",
+    "enable.partition.eof",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+];
+
+/// The client configuration for `bootstrap` with the user's extra librdkafka `properties`
+/// (TLS, SASL, …).
+pub fn client_config(bootstrap: &str, properties: &[(String, String)]) -> Result<ClientConfig> {
+    let mut c = ClientConfig::new();
+    for (k, v) in properties {
+        if RESERVED.contains(&k.as_str()) {
+            bail!(
+                "--kafka-property `{k}` is set by tally reconcile itself (use --bootstrap for the brokers); remove it"
+            );
+        }
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", bootstrap)
+        .set("group.id", "tally-reconcile")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false");
+    Ok(c)
+}
+
+/// Hands every committed record of `topic` below each partition's end at the start to `each`.
+/// The consumer is assigned, never joins a group and commits nothing.
+pub fn read_to_end(
+    config: &ClientConfig,
+    topic: &str,
+    each: &mut dyn FnMut(&BorrowedMessage<'_>) -> Result<()>,
+) -> Result<()> {
+    let consumer: BaseConsumer<Reader> = config
+        .create_with_context(Reader)
+        .context("cannot create a Kafka consumer; check --kafka-property")?;
+    let metadata = consumer.fetch_metadata(Some(topic), REQUEST_TIMEOUT).with_context(|| {
+        format!("cannot read the metadata of topic `{topic}`; is the broker reachable (--bootstrap, KAFKA_BOOTSTRAP)?")
+    })?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        bail!("topic `{topic}` does not exist or has no partitions");
+    }
+    // A partition is done at the first of: a record at or past its end taken here, or an
+    // end-of-partition event, which read_committed raises at the last stable offset, so a
+    // transaction still open is never waited for.
+    let mut ends: HashMap<i32, i64> = HashMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, REQUEST_TIMEOUT)
+            .with_context(|| format!("cannot read the end offsets of topic `{topic}` partition {p}"))?;
+        if high > low {
+            ends.insert(p, high);
+            assignment.add_partition_offset(topic, p, Offset::Offset(low))?;
+        }
+    }
+    if ends.is_empty() {
+        return Ok(());
+    }
+    consumer
+        .assign(&assignment)
+        .with_context(|| format!("cannot assign the partitions of topic `{topic}`"))?;
+    let mut idle_since = Instant::now();
+    while !ends.is_empty() {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                idle_since = Instant::now();
+                let Some(&end) = ends.get(&m.partition()) else {
+                    continue;
+                };
+                if m.offset() < end {
+                    each(&m)?;
+                }
+                if m.offset() >= end - 1 {
+                    ends.remove(&m.partition());
+                }
+            }
+            // The end of what is committed now, which is at least the end taken at the start.
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                idle_since = Instant::now();
+                ends.remove(&p);
+            }
+            Some(Err(KafkaError::MessageConsumption(code))) if transient(code) => {
+                tracing::warn!(topic, error = %code, "reading the topic: retrying");
+            }
+            Some(Err(e)) => bail!("reading topic `{topic}`: {e}"),
+            None if idle_since.elapsed() > STALL_TIMEOUT => {
+                let mut left: Vec<i32> = ends.keys().copied().collect();
+                left.sort_unstable();
+                bail!(
+                    "reading topic `{topic}` stalled: nothing arrived for {} s from partition(s) {left:?}; \
+                     is the broker reachable?",
+                    STALL_TIMEOUT.as_secs()
+                );
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// The reader's client context: librdkafka also hands end-of-partition events, which the
+/// reader asks for and handles, to the error callback; they are not errors, so they are not
+/// logged as such.
+struct Reader;
+
+impl ClientContext for Reader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF)) {
+            tracing::error!("librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for Reader {}
+
+/// Errors a consumer recovers from by itself (reconnecting); the stall timeout bounds them.
+fn transient(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::OperationTimedOut
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reader_settings_cannot_be_overridden_but_others_pass_through() {
+        let props = vec![
+            ("security.protocol".to_string(), "SASL_SSL".to_string()),
+            ("sasl.mechanism".to_string(), "PLAIN".to_string()),
+        ];
+        let c = client_config("b:9092", &props).expect("config");
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(c.get("isolation.level"), Some("read_committed"));
+        assert_eq!(c.get("bootstrap.servers"), Some("b:9092"));
+        let bad = vec![("isolation.level".to_string(), "read_uncommitted".to_string())];
+        let err = client_config("b:9092", &bad).expect_err("reserved");
+        assert!(err.to_string().contains("isolation.level"), "{err}");
+    }
+}
