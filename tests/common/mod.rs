@@ -345,6 +345,15 @@ impl Tally {
 
     /// SIGTERM and wait for a clean exit; returns the log lines.
     pub fn stop(mut self) -> Vec<serde_json::Value> {
+        if let Err(problem) = self.terminate(Duration::from_secs(60)) {
+            panic!("{problem}");
+        }
+        self.lines()
+    }
+
+    /// SIGTERM and wait up to `timeout` for the exit; a process still running then is
+    /// SIGKILLed. Err says what went wrong (unclean exit, or hung with its last log lines).
+    pub fn terminate(&mut self, timeout: Duration) -> Result<(), String> {
         // A process killed before it installs its signal handler just dies; wait until it runs.
         let deadline = Instant::now() + Duration::from_secs(10);
         while events(&self.lines(), "tally starting").is_empty() && Instant::now() < deadline {
@@ -353,28 +362,38 @@ impl Tally {
         let pid = self.child.id().to_string();
         let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
         assert!(ok.success());
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                assert!(
-                    status.success(),
-                    "tally exited with {status}; log: {}",
-                    self.log.display()
-                );
-                break;
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(format!("tally exited with {status}; log: {}", self.log.display()));
             }
             if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
                 let text = std::fs::read_to_string(&self.log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(40).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "tally did not stop within 60 s after SIGTERM; last log lines:\n{}",
+                return Err(format!(
+                    "tally did not stop within {timeout:?} after SIGTERM (log {}); last log lines:\n{}",
+                    self.log.display(),
                     tail.join("\n")
-                );
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.lines()
+    }
+
+    /// The exit status, if the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// The JSON log lines written so far.
