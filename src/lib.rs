@@ -7,6 +7,7 @@ pub mod engine;
 pub mod http;
 pub mod metrics;
 pub mod processors;
+pub mod reconcile;
 pub mod store;
 pub mod topology;
 pub mod trace;

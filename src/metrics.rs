@@ -1,7 +1,9 @@
 //! Prometheus metrics of one instance (`tally_` prefix, base units, no per-event labels).
 
 use crate::processors::Reason;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use std::collections::BTreeMap;
 
 /// Every metric tally exports, registered in its own registry.
@@ -39,6 +41,18 @@ pub struct Metrics {
     pub idmap_mappings: IntGauge,
     /// Pending-create markers whose mapping has not arrived.
     pub idmap_pending: IntGauge,
+    /// Standby task stores held by this instance.
+    pub standby_tasks: IntGauge,
+    /// Changelog records applied to standby stores, per store.
+    pub standby_records: IntCounterVec,
+    /// Open events on the trace topic at the last scan, per reconciler task.
+    pub reconcile_open_events: IntGaugeVec,
+    /// Open events older than the threshold at the last scan, per reconciler task.
+    pub reconcile_stuck_events: IntGaugeVec,
+    /// Age of the oldest open event at the last scan, per reconciler task.
+    pub reconcile_oldest_open_age_seconds: GaugeVec,
+    /// Alert records written for stuck events.
+    pub reconcile_alerts: IntCounter,
 }
 
 /// Totals for a run summary.
@@ -96,6 +110,11 @@ impl Metrics {
             "Changelog records applied while restoring",
             &["store"],
         )?;
+        let standby_records = counter_vec(
+            "standby_records_total",
+            "Changelog records applied to standby stores",
+            &["store"],
+        )?;
         let expired_keys = counter_vec(
             "expired_keys_total",
             "Dedup keys deleted after their retention",
@@ -134,6 +153,27 @@ impl Metrics {
             "Pending-create markers still waiting for their mapping",
         )?;
         registry.register(Box::new(idmap_pending.clone()))?;
+        let gauge_vec = |name: &str, help: &str| -> prometheus::Result<IntGaugeVec> {
+            let g = IntGaugeVec::new(Opts::new(name, help), &["task"])?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let reconcile_open_events = gauge_vec("reconcile_open_events", "Open events at the last reconciler scan")?;
+        let reconcile_stuck_events = gauge_vec(
+            "reconcile_stuck_events",
+            "Open events older than the threshold at the last reconciler scan",
+        )?;
+        let reconcile_oldest_open_age_seconds = GaugeVec::new(
+            Opts::new(
+                "reconcile_oldest_open_age_seconds",
+                "Age of the oldest open event at the last reconciler scan",
+            ),
+            &["task"],
+        )?;
+        registry.register(Box::new(reconcile_oldest_open_age_seconds.clone()))?;
+        let reconcile_alerts = counter("reconcile_alerts_total", "Alert records written for stuck events")?;
+        let standby_tasks = IntGauge::new("standby_tasks", "Standby task stores held by this instance")?;
+        registry.register(Box::new(standby_tasks.clone()))?;
         Ok(Self {
             registry,
             records_in,
@@ -152,6 +192,12 @@ impl Metrics {
             pending_created,
             idmap_mappings,
             idmap_pending,
+            standby_tasks,
+            standby_records,
+            reconcile_open_events,
+            reconcile_stuck_events,
+            reconcile_oldest_open_age_seconds,
+            reconcile_alerts,
         })
     }
 

@@ -4,6 +4,7 @@ pub mod diagnostics;
 pub mod interpolate;
 pub mod pipelines;
 pub mod raw;
+pub mod reconcile;
 pub mod validate;
 
 use crate::topology::Topology;

@@ -2,7 +2,7 @@
 
 use super::diagnostics::Collector;
 use super::raw::{RawMapIds, RawPipeline, RawRoute, Text};
-use super::validate::{kafka_name, required, Known, DEFAULT_RETENTION};
+use super::validate::{kafka_name, positive_duration, required, Known, DEFAULT_RETENTION};
 use crate::topology::{
     CorrelationSpec, KeyTemplate, MapIds, MergeEmit, Output, Pipeline, Repartition, Route, Strategy,
 };
@@ -309,23 +309,7 @@ fn ignore(c: &mut Collector, r: &RawRoute, label: &str) -> Option<Strategy> {
     reject_unused(c, label, "ignore", r, &["retention"]);
     let retention = match &r.retention {
         None => DEFAULT_RETENTION,
-        Some(t) => match humantime::parse_duration(&t.value) {
-            Ok(d) if !d.is_zero() => d,
-            Ok(_) => {
-                c.at_loc(t.referenced, format!("{label}: `retention` must be longer than zero"));
-                return None;
-            }
-            Err(e) => {
-                c.at_loc(
-                    t.referenced,
-                    format!(
-                        "{label}: `retention: {}` is not a duration ({e}); write e.g. `30d`, `12h`, `90s`",
-                        t.value
-                    ),
-                );
-                return None;
-            }
-        },
+        Some(t) => positive_duration(c, t, &format!("{label}: `retention`"))?,
     };
     Some(Strategy::Ignore { retention })
 }

@@ -20,6 +20,16 @@ pub struct RawTopology {
     pub dead_letter: Option<Spanned<RawDeadLetter>>,
     pub id_mapping: Option<Spanned<RawIdMapping>>,
     pub trace: Option<Spanned<RawTrace>>,
+    pub reconcile: Option<Spanned<RawReconcile>>,
+}
+
+/// `reconcile:`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReconcile {
+    pub alerts_topic: Option<Text>,
+    pub scan_interval: Option<Text>,
+    pub threshold: Option<Text>,
 }
 
 /// `trace:`
@@ -90,6 +100,7 @@ pub struct RawProcessing {
     pub max_record_bytes: Option<Spanned<u64>>,
     pub static_membership: Option<Spanned<bool>>,
     pub expiry_scan_interval_ms: Option<Spanned<u64>>,
+    pub num_standby_replicas: Option<Spanned<u64>>,
 }
 
 /// `state:`
@@ -97,6 +108,7 @@ pub struct RawProcessing {
 #[serde(deny_unknown_fields)]
 pub struct RawState {
     pub dir: Option<Text>,
+    pub cleanup_delay_ms: Option<Spanned<u64>>,
 }
 
 /// One entry of `sources:`

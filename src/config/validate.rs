@@ -56,14 +56,14 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
     };
 
     let processing = processing(c, raw.processing);
-    let state_dir = raw
-        .state
-        .and_then(|s| s.dir)
-        .map_or_else(|| PathBuf::from("./state"), |d| PathBuf::from(d.value));
+    let (state_dir, state_cleanup_delay) = state(c, raw.state);
 
     let sources = sources(c, raw.sources);
     let id_mapping = raw.id_mapping.map(|m| id_mapping(c, m));
     let trace = raw.trace.map(|t| trace(c, t));
+    let reconcile = raw
+        .reconcile
+        .map(|r| super::reconcile::reconcile(c, r, trace.is_some()));
     let known = Known {
         sources: sources.as_ref(),
         application_id: application_id.as_deref(),
@@ -116,12 +116,17 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
         kafka: kafka?,
         processing: processing?,
         state_dir,
+        state_cleanup_delay: state_cleanup_delay?,
         sources: sources?,
         pipelines: pipelines?,
         dead_letter_topic: dead_letter_topic?,
         trace: match trace {
             None => None,
             Some(t) => Some(t?),
+        },
+        reconcile: match reconcile {
+            None => None,
+            Some(r) => Some(r?),
         },
         id_mapping: match id_mapping {
             None => None,
@@ -209,6 +214,27 @@ pub(super) fn required(
 }
 
 /// Topic names and ids that become part of topic names: Kafka's legal characters.
+/// A duration written like `30d`, `5m` or `90s`, longer than zero; `what` names the setting.
+pub(super) fn positive_duration(c: &mut Collector, t: &Text, what: &str) -> Option<Duration> {
+    match humantime::parse_duration(&t.value) {
+        Ok(d) if !d.is_zero() => Some(d),
+        Ok(_) => {
+            c.at_loc(t.referenced, format!("{what} must be longer than zero"));
+            None
+        }
+        Err(e) => {
+            c.at_loc(
+                t.referenced,
+                format!(
+                    "{what} `{}` is not a duration ({e}); write e.g. `30d`, `12h`, `90s`",
+                    t.value
+                ),
+            );
+            None
+        }
+    }
+}
+
 pub(super) fn kafka_name(c: &mut Collector, t: &Text, what: &str) -> Option<String> {
     let ok = t.value.len() <= 200
         && t.value
@@ -268,13 +294,33 @@ fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Opti
         86_400_000,
         "expiry_scan_interval_ms",
     );
+    let standbys = bounded(p.num_standby_replicas, 0, 0, 8, "num_standby_replicas");
     ok.then(|| Processing {
         commit_interval: Duration::from_millis(commit_ms),
         threads: threads as usize,
         max_record_bytes: max_bytes as usize,
         static_membership: p.static_membership.is_some_and(|s| s.value),
         expiry_scan_interval: Duration::from_millis(expiry_ms),
+        num_standby_replicas: standbys as usize,
     })
+}
+
+/// `state:`: the directory (default `./state`) and how long an unused task directory is kept.
+fn state(c: &mut Collector, raw: Option<super::raw::RawState>) -> (PathBuf, Option<Duration>) {
+    let (dir, delay) = raw.map_or((None, None), |s| (s.dir, s.cleanup_delay_ms));
+    let dir = dir.map_or_else(|| PathBuf::from("./state"), |d| PathBuf::from(d.value));
+    let delay = match delay {
+        None => Some(Duration::from_secs(600)),
+        Some(d) if d.value >= 1_000 => Some(Duration::from_millis(d.value)),
+        Some(d) => {
+            c.at_loc(
+                d.referenced,
+                format!("`state.cleanup_delay_ms` is {}; use at least 1000", d.value),
+            );
+            None
+        }
+    };
+    (dir, delay)
 }
 
 type RawSources = Spanned<BTreeMap<String, Spanned<super::raw::RawSource>>>;

@@ -51,6 +51,16 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
             )?;
         }
     }
+    if let Some(trace_topic) = t.reconciled_topic() {
+        let n = partition_count(&admin, trace_topic)?.with_context(|| {
+            format!(
+                "the trace topic `{trace_topic}` the reconciler reads does not exist on {}; create it",
+                t.kafka.bootstrap_servers
+            )
+        })?;
+        let changelog = t.changelog_topic(Topology::RECONCILE_STORE);
+        ensure_internal(&admin, rt, &changelog, n, &[("cleanup.policy", "compact")])?;
+    }
     if let Some(m) = &t.id_mapping {
         ensure_internal(&admin, rt, &m.topic, m.partitions, &[("cleanup.policy", "compact")])?;
     }
@@ -68,6 +78,9 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
     sinks.push((&t.dead_letter_topic, "dead-letter topic".to_string()));
     if let Some(tr) = &t.trace {
         sinks.push((&tr.topic, "trace topic".to_string()));
+    }
+    if let Some(r) = &t.reconcile {
+        sinks.push((&r.alerts_topic, "reconciler's alerts topic".to_string()));
     }
     for (topic, what) in sinks {
         if partition_count(&admin, topic)?.is_none() {

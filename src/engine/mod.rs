@@ -6,9 +6,12 @@ pub mod emit;
 pub mod errors;
 pub mod global;
 pub mod health;
+pub mod layout;
+pub mod membership;
 pub mod producer;
 pub mod purge;
 pub mod restore;
+pub mod standby;
 pub mod stream_thread;
 pub mod task;
 
@@ -87,7 +90,19 @@ pub async fn run(
             Some(reader)
         }
     };
-    let mut handles = Vec::new();
+    let standbys = Arc::new(standby::Standbys::default());
+    let keeper = standby::StandbyConfig {
+        topology: topology.clone(),
+        instance_id: instance_id.to_string(),
+        metrics: metrics.clone(),
+        store_env: store_env.clone(),
+        standbys: standbys.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let mut handles = vec![std::thread::Builder::new()
+        .name("tally-standby".into())
+        .spawn(move || standby::run(keeper))
+        .context("cannot start the standby thread")?];
     for index in 0..topology.processing.threads {
         let cfg = stream_thread::ThreadConfig {
             topology: topology.clone(),
@@ -99,6 +114,7 @@ pub async fn run(
             rt: tokio::runtime::Handle::current(),
             global: global.clone(),
             health: health.clone(),
+            standbys: standbys.clone(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         let handle = std::thread::Builder::new()

@@ -36,33 +36,11 @@ pub fn restore(
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let name = store.name(index).to_string();
-    let (mut from_offset, mut wiped) = match store.changelog_offset(index)? {
-        Some(o) => (o + 1, false),
-        None if store.has_data(index)? => {
-            tracing::warn!(store = %name, partition, "store has data but no changelog offset: wiping it for a full restore");
-            store.wipe(index)?;
-            (0, true)
-        }
-        None => (0, false),
-    };
     let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, Duration::from_secs(15))
         .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
-    // Policy when records the store still needs were deleted (retention, deleteRecords): the
-    // store cannot be patched, so it is rebuilt from what the changelog still holds.
-    if from_offset > 0 && low > from_offset {
-        tracing::warn!(
-            store = %name,
-            partition,
-            needed_from = from_offset,
-            first_available = low,
-            "changelog records the store needs were deleted; wiping it and restoring fully"
-        );
-        store.wipe(index)?;
-        (from_offset, wiped) = (low, true);
-    }
-    from_offset = from_offset.max(low);
+    let (from_offset, wiped) = resume_point(store, index, partition, low)?;
     let mut restored = 0u64;
     let remaining = metrics.restore_remaining.with_label_values(&[&name]);
     remaining.set(high.saturating_sub(from_offset));
@@ -131,6 +109,34 @@ pub fn restore(
         "restore finished"
     );
     Ok(report)
+}
+
+/// Where to resume reading store `index`'s changelog whose first offset is `low`, and whether the
+/// store was wiped first: a store with data but no offset is corrupt, and one that needs records
+/// retention deleted cannot be patched; both are rebuilt from what the changelog holds.
+pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i64) -> Result<(i64, bool)> {
+    let name = store.name(index).to_string();
+    let (from_offset, wiped) = match store.changelog_offset(index)? {
+        Some(o) => (o + 1, false),
+        None if store.has_data(index)? => {
+            tracing::warn!(store = %name, partition, "store has data but no changelog offset: wiping it for a full restore");
+            store.wipe(index)?;
+            (0, true)
+        }
+        None => (0, false),
+    };
+    if from_offset > 0 && low > from_offset {
+        tracing::warn!(
+            store = %name,
+            partition,
+            needed_from = from_offset,
+            first_available = low,
+            "changelog records the store needs were deleted; wiping it and restoring fully"
+        );
+        store.wipe(index)?;
+        return Ok((low, true));
+    }
+    Ok((from_offset.max(low), wiped))
 }
 
 /// The consumer's fetch position in the partition (0 before the first fetch).

@@ -4,14 +4,16 @@
 use super::clients;
 use super::emit::{Counts, ProcessError};
 use super::errors::{classify, EngineError, ErrorClass};
+use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore;
-use super::task::{Sinks, Task, Work};
+use super::task::{PipelineTask, Sinks, Task, Work};
 use super::Shutdown;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
-use crate::store::{StoreEnv, TaskStore};
+use crate::reconcile::live::ReconcileTask;
+use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
 use crate::topology::{Stage, Topology};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
@@ -25,8 +27,9 @@ const POLL: Duration = Duration::from_millis(50);
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
 const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
-/// Most expired keys one task deletes per expiry pass, to keep transactions small.
-const EXPIRY_BATCH: usize = 10_000;
+/// How long opening a task waits for its directory lock (held by a standby being opened or a
+/// store still closing on this host) before the generation fails and retries.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// Everything a stream thread needs, shared with the other threads of the instance.
 #[derive(Clone)]
@@ -49,6 +52,8 @@ pub struct ThreadConfig {
     pub global: Arc<crate::store::GlobalMappings>,
     /// The instance's readiness.
     pub health: Arc<super::health::Health>,
+    /// Standby stores this instance holds, promoted when their task is assigned here.
+    pub standbys: Arc<super::standby::Standbys>,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
@@ -89,7 +94,6 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         pending_records: 0,
         restore_config: clients::restore_consumer(t),
         failure: None,
-        last_expiry: Instant::now(),
         to_open: Vec::new(),
         joined: false,
     };
@@ -119,7 +123,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             },
             None => {}
         }
-        st.expire_due(&consumer)?;
+        st.tick(&consumer)?;
         if st.commit_due() {
             st.commit(&consumer)?;
         }
@@ -198,12 +202,11 @@ struct ThreadState {
     cfg: ThreadConfig,
     producer: TxnProducer,
     purger: Purger,
-    tasks: HashMap<(String, i32), Task>,
+    tasks: HashMap<(String, i32), Box<dyn Task>>,
     pending_since: Option<Instant>,
     pending_records: usize,
     restore_config: ClientConfig,
     failure: Option<EngineError>,
-    last_expiry: Instant,
     /// Assigned partitions whose tasks are still to open and restore.
     to_open: Vec<(String, i32)>,
     /// True once this generation got an assignment (counted in the instance's health).
@@ -264,8 +267,39 @@ impl ThreadState {
         }
     }
 
-    fn open_task(&self, topic: &str, partition: i32) -> Result<Task, EngineError> {
+    fn open_task(&self, topic: &str, partition: i32) -> Result<Box<dyn Task>, EngineError> {
         let t = &self.cfg.topology;
+        let fatal = |e: anyhow::Error| EngineError::Fatal(e);
+        let restored = |layout: &TaskLayout| -> Result<TaskStore, EngineError> {
+            let mut store = self.open_store(layout)?;
+            for (i, changelog) in layout.changelogs.iter().enumerate() {
+                restore::restore(
+                    &self.restore_config,
+                    &mut store,
+                    i,
+                    changelog,
+                    partition,
+                    &self.cfg.metrics,
+                )
+                .with_context(|| format!("restoring task {}", layout.name))
+                .map_err(fatal)?;
+            }
+            Ok(store)
+        };
+        if let (Some(settings), true) = (&t.reconcile, t.reconciled_topic() == Some(topic)) {
+            let layout = TaskLayout::of(t, topic, partition)
+                .ok_or_else(|| EngineError::Fatal(anyhow!("no reconciler layout for `{topic}`")))?;
+            let store = restored(&layout)?;
+            tracing::info!(task = %layout.name, topic, "task ready");
+            return Ok(Box::new(ReconcileTask::new(
+                partition,
+                settings.clone(),
+                store,
+                layout.changelogs,
+                t.dead_letter_topic.clone(),
+                self.cfg.metrics.clone(),
+            )));
+        }
         let (pipeline, stage) = t
             .stage_for_topic(topic)
             .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
@@ -276,28 +310,11 @@ impl ThreadState {
                 topic: r.topic.clone(),
             },
             _ => {
-                let stores = pipeline.store_names();
-                let changelogs: Vec<String> = stores.iter().map(|s| t.changelog_topic(s)).collect();
-                let dir = t.state_dir.join(&t.application_id).join(&name);
-                let fatal = |e: anyhow::Error| EngineError::Fatal(e);
-                let mut store = TaskStore::open(&dir, &stores, &self.cfg.store_env)
-                    .with_context(|| format!("opening the state of task {name}"))
-                    .map_err(fatal)?;
-                for (i, changelog) in changelogs.iter().enumerate() {
-                    restore::restore(
-                        &self.restore_config,
-                        &mut store,
-                        i,
-                        changelog,
-                        partition,
-                        &self.cfg.metrics,
-                    )
-                    .with_context(|| format!("restoring task {name}"))
-                    .map_err(fatal)?;
-                }
+                let layout = TaskLayout::of(t, topic, partition)
+                    .ok_or_else(|| EngineError::Fatal(anyhow!("task {name} keeps no state")))?;
                 Work::Process {
-                    store,
-                    changelogs,
+                    store: restored(&layout)?,
+                    changelogs: layout.changelogs,
                     repartitioned: pipeline.repartition.is_some(),
                 }
             }
@@ -313,32 +330,52 @@ impl ThreadState {
             mappings: t.id_mapping.as_ref().map(|m| m.topic.clone()),
             trace: t.trace.as_ref().map(|tr| (tr.topic.clone(), tr.level)),
         };
-        Ok(Task::new(&t.application_id, partition, processor, work, sinks))
+        Ok(Box::new(PipelineTask::new(
+            &t.application_id,
+            partition,
+            processor,
+            work,
+            sinks,
+            t.processing.expiry_scan_interval,
+        )))
     }
 
-    /// Every expiry interval, deletes expired dedup keys of every task inside the transaction.
-    fn expire_due(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        if self.last_expiry.elapsed() < self.cfg.topology.processing.expiry_scan_interval {
-            return Ok(());
+    /// The task's store: the standby copy when this instance holds one, else opened from disk,
+    /// waiting a while for a lock another store on this host still holds.
+    fn open_store(&self, layout: &TaskLayout) -> Result<TaskStore, EngineError> {
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            if let Some(store) = self.cfg.standbys.take(&layout.dir) {
+                return Ok(store);
+            }
+            match TaskStore::open(&layout.dir, &layout.stores, &self.cfg.store_env) {
+                Ok(store) => return Ok(store),
+                Err(StoreError::Lock(LockError::Held(_))) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => {
+                    return Err(EngineError::Fatal(
+                        anyhow!(e).context(format!("opening the state of task {}", layout.name)),
+                    ))
+                }
+            }
         }
-        self.last_expiry = Instant::now();
+    }
+
+    /// Runs every task's periodic work (expiry, reconciliation scans) when it is due.
+    fn tick(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
         let now = super::emit::now_ms();
         for task in self.tasks.values_mut() {
-            match task.expire(now, &mut self.producer, EXPIRY_BATCH) {
-                Ok(0) => {}
-                Ok(n) => {
+            match task.tick(now, &mut self.producer) {
+                Ok(false) => {}
+                Ok(true) => {
                     self.pending_since.get_or_insert_with(Instant::now);
-                    tracing::debug!(
-                        expired = n,
-                        pipeline = task.pipeline_name(),
-                        "expired dedup keys deleted"
-                    );
                 }
                 Err(ProcessError::Engine(e)) => return Err(e),
                 Err(ProcessError::Kafka(e)) => {
                     return match classify(&e) {
                         ErrorClass::Abortable | ErrorClass::Retriable => self.abort_and_rewind(consumer),
-                        _ => Err(EngineError::from_kafka(e, "expiring keys")),
+                        _ => Err(EngineError::from_kafka(e, "periodic task work")),
                     }
                 }
             }
@@ -390,7 +427,7 @@ impl ThreadState {
                 self.purger.committed(topic, *partition, next);
             }
             let counts = task.committed(&delivered)?;
-            publish(m, task, &counts);
+            publish(m, task.as_ref(), &counts);
         }
         self.purger.maybe_purge();
         self.pending_since = None;
@@ -434,14 +471,14 @@ impl ThreadState {
         if let Err(e) = self.producer.abort() {
             tracing::warn!(error = %e, "abort failed");
         }
-        self.tasks.values_mut().for_each(Task::aborted);
+        self.tasks.values_mut().for_each(|t| t.aborted());
         self.pending_since = None;
         self.pending_records = 0;
     }
 }
 
-fn publish(m: &Metrics, task: &Task, c: &Counts) {
-    let p = task.pipeline_name();
+fn publish(m: &Metrics, task: &dyn Task, c: &Counts) {
+    let p = task.label();
     m.records_in.with_label_values(&[p]).inc_by(c.records_in);
     m.records_repartitioned.with_label_values(&[p]).inc_by(c.repartitioned);
     m.records_out.with_label_values(&[p]).inc_by(c.records_out);

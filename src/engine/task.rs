@@ -1,4 +1,5 @@
-//! A task: one partition of a consumed topic, the pipeline stage it feeds and its stores.
+//! A task: one partition of a consumed topic and the work done on it inside the stream
+//! thread's transaction; here the pipeline task (a pipeline stage and its stores).
 
 use super::emit::{copy_headers, header_text, now_ms, Counts, Emitter, ProcessError, SourcePlace};
 use super::errors::EngineError;
@@ -11,6 +12,30 @@ use crate::trace::{Level, Outcome, Status, TraceSink};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Most expired keys one task deletes per expiry pass, to keep transactions small.
+const EXPIRY_BATCH: usize = 10_000;
+
+/// What a stream thread drives for one partition, all inside its open transaction.
+pub trait Task: Send {
+    /// Runs one consumed record.
+    fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError>;
+    /// The offset to commit for this partition, when records were consumed in this transaction.
+    fn next_offset(&self) -> Option<i64>;
+    /// True for tasks reading a repartition topic (whose consumed records may be purged).
+    fn reads_repartition_topic(&self) -> bool {
+        false
+    }
+    /// After the Kafka commit: makes the stores durable and hands back the transaction's counts.
+    fn committed(&mut self, delivered: &HashMap<(String, i32), i64>) -> Result<Counts, EngineError>;
+    /// After an abort: forgets the transaction's writes, position and counts.
+    fn aborted(&mut self);
+    /// Periodic work when due (expiry, reconciliation scans); true when it wrote records.
+    fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError>;
+    /// The `pipeline` label of the task's counts.
+    fn label(&self) -> &str;
+}
 
 /// What a task does with its records.
 pub enum Work {
@@ -43,16 +68,26 @@ pub struct Sinks {
 }
 
 /// One partition of a consumed topic with its pipeline stage.
-pub struct Task {
+pub struct PipelineTask {
     processor: PipelineProcessor,
     work: Work,
     emit: Emitter,
     next_offset: Option<i64>,
+    expiry_every: Duration,
+    last_expiry: Instant,
 }
 
-impl Task {
-    /// A task for `partition` of `application_id`'s pipeline, doing `work`.
-    pub fn new(application_id: &str, partition: i32, processor: PipelineProcessor, work: Work, sinks: Sinks) -> Self {
+impl PipelineTask {
+    /// A task for `partition` of `application_id`'s pipeline, doing `work`, deleting expired
+    /// keys every `expiry_every`.
+    pub fn new(
+        application_id: &str,
+        partition: i32,
+        processor: PipelineProcessor,
+        work: Work,
+        sinks: Sinks,
+        expiry_every: Duration,
+    ) -> Self {
         let pipeline = processor.pipeline();
         let node = match work {
             Work::Repartition { .. } => format!("{application_id}/{}/repartition", pipeline.name),
@@ -76,21 +111,39 @@ impl Task {
             work,
             emit,
             next_offset: None,
+            expiry_every,
+            last_expiry: Instant::now(),
         }
     }
 
-    /// Name of the pipeline this task runs.
-    pub fn pipeline_name(&self) -> &str {
+    /// Deletes up to `limit` expired dedup keys in the open transaction; returns how many.
+    pub fn expire(&mut self, now_ms: i64, producer: &mut TxnProducer, limit: usize) -> Result<usize, ProcessError> {
+        let Work::Process { store, changelogs, .. } = &mut self.work else {
+            return Ok(0);
+        };
+        let pipeline = self.processor.pipeline();
+        let dedup_index = pipeline.store_kinds().iter().position(|k| *k == StoreKind::Dedup);
+        let (Some(retention), Some(index)) = (pipeline.max_retention(), dedup_index) else {
+            return Ok(0);
+        };
+        let deleted = dedup::expire(store, index, now_ms, retention, limit)
+            .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
+        self.emit.changes(producer, changelogs, store.take_changes())?;
+        self.emit.counts.expired += deleted as u64;
+        Ok(deleted)
+    }
+}
+
+impl Task for PipelineTask {
+    fn label(&self) -> &str {
         &self.processor.pipeline().name
     }
 
-    /// The offset to commit for this partition, when records were consumed in this transaction.
-    pub fn next_offset(&self) -> Option<i64> {
+    fn next_offset(&self) -> Option<i64> {
         self.next_offset
     }
 
-    /// True for tasks reading a repartition topic (whose consumed records may be purged).
-    pub fn reads_repartition_topic(&self) -> bool {
+    fn reads_repartition_topic(&self) -> bool {
         matches!(
             self.work,
             Work::Process {
@@ -102,7 +155,7 @@ impl Task {
 
     /// Runs one record, producing its output, forward or dead letter, changelog and trace
     /// records into the open transaction.
-    pub fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
+    fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
         let input = Input {
             payload: msg.payload(),
             correlation_header: header_text(msg, &self.emit.correlation_header),
@@ -178,7 +231,7 @@ impl Task {
 
     /// After the Kafka commit: applies the overlay with the delivered changelog offsets and
     /// hands back the transaction's counts.
-    pub fn committed(&mut self, delivered: &HashMap<(String, i32), i64>) -> Result<Counts, EngineError> {
+    fn committed(&mut self, delivered: &HashMap<(String, i32), i64>) -> Result<Counts, EngineError> {
         if let Work::Process { store, changelogs, .. } = &mut self.work {
             let partition = self.emit.partition;
             let offsets: Vec<(usize, i64)> = changelogs
@@ -194,25 +247,21 @@ impl Task {
         Ok(std::mem::take(&mut self.emit.counts))
     }
 
-    /// Deletes up to `limit` expired dedup keys in the open transaction; returns how many.
-    pub fn expire(&mut self, now_ms: i64, producer: &mut TxnProducer, limit: usize) -> Result<usize, ProcessError> {
-        let Work::Process { store, changelogs, .. } = &mut self.work else {
-            return Ok(0);
-        };
-        let pipeline = self.processor.pipeline();
-        let dedup_index = pipeline.store_kinds().iter().position(|k| *k == StoreKind::Dedup);
-        let (Some(retention), Some(index)) = (pipeline.max_retention(), dedup_index) else {
-            return Ok(0);
-        };
-        let deleted = dedup::expire(store, index, now_ms, retention, limit)
-            .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
-        self.emit.changes(producer, changelogs, store.take_changes())?;
-        self.emit.counts.expired += deleted as u64;
-        Ok(deleted)
+    /// Every expiry interval, deletes expired dedup keys inside the transaction.
+    fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
+        if self.last_expiry.elapsed() < self.expiry_every {
+            return Ok(false);
+        }
+        self.last_expiry = Instant::now();
+        let n = self.expire(now_ms, producer, EXPIRY_BATCH)?;
+        if n > 0 {
+            tracing::debug!(expired = n, pipeline = self.label(), "expired dedup keys deleted");
+        }
+        Ok(n > 0)
     }
 
     /// After an abort: forgets the transaction's writes, position and counts.
-    pub fn aborted(&mut self) {
+    fn aborted(&mut self) {
         if let Work::Process { store, .. } = &mut self.work {
             store.abort();
         }

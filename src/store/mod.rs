@@ -1,10 +1,13 @@
 //! Local state: one RocksDB per task, transactional overlay, changelog offsets, shared memory.
 
+pub mod cleaner;
 pub mod codec;
 pub mod env;
 pub mod global;
+pub mod lock;
 pub mod task_store;
 
 pub use env::StoreEnv;
 pub use global::GlobalMappings;
+pub use lock::{LockError, TaskLock};
 pub use task_store::{Change, StoreError, TaskStore};

@@ -2,6 +2,7 @@
 //! together with the changelog offsets, after the Kafka transaction has committed.
 
 use super::env::StoreEnv;
+use super::lock::{LockError, TaskLock};
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,9 @@ pub enum StoreError {
     /// A column family that should exist is missing (the directory was tampered with).
     #[error("state store at {0}: column family `{1}` is missing; delete the task directory to rebuild it from the changelog")]
     MissingFamily(PathBuf, String),
+    /// The task directory is locked by another store.
+    #[error(transparent)]
+    Lock(#[from] LockError),
     /// The stored changelog offset is not 8 bytes.
     #[error("state store at {0}: corrupt changelog offset for `{1}`; delete the task directory to rebuild it")]
     CorruptOffset(PathBuf, String),
@@ -56,6 +60,8 @@ pub struct TaskStore {
     names: Vec<String>,
     overlays: Vec<HashMap<Vec<u8>, Option<Vec<u8>>>>,
     changes: Vec<Change>,
+    /// Declared last: the database closes before the directory is unlocked.
+    _lock: TaskLock,
 }
 
 impl TaskStore {
@@ -65,6 +71,7 @@ impl TaskStore {
             path: dir.to_path_buf(),
             source,
         })?;
+        let lock = TaskLock::try_acquire(dir)?;
         let opts = env.db_options();
         let families = names
             .iter()
@@ -82,7 +89,13 @@ impl TaskStore {
             names: names.to_vec(),
             overlays: vec![HashMap::new(); names.len()],
             changes: Vec::new(),
+            _lock: lock,
         })
+    }
+
+    /// The task directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Name of store `store`.

@@ -16,6 +16,9 @@ pub fn describe(t: &Topology) -> String {
         t.processing.threads
     );
     let _ = writeln!(s, "  state dir: {}", t.state_dir.display());
+    if t.processing.num_standby_replicas > 0 {
+        let _ = writeln!(s, "  standby replicas: {}", t.processing.num_standby_replicas);
+    }
     for p in &t.pipelines {
         let _ = writeln!(s, "\npipeline {}", p.name);
         let _ = writeln!(s, "  source  {} (topic {}, json)", p.source, p.input_topic);
@@ -83,6 +86,23 @@ pub fn describe(t: &Topology) -> String {
             s,
             "\nglobal ID-mapping store ← topic {} (compacted, read in full by every instance)",
             m.topic
+        );
+    }
+    if let (Some(r), Some(trace)) = (&t.reconcile, &t.trace) {
+        let store = Topology::RECONCILE_STORE;
+        let _ = writeln!(s, "\nlive reconciler ← trace topic {}", trace.topic);
+        let _ = writeln!(
+            s,
+            "  every {} report events open longer than {} → alerts topic {}",
+            humantime::format_duration(r.scan_interval),
+            humantime::format_duration(r.threshold),
+            r.alerts_topic
+        );
+        let _ = writeln!(
+            s,
+            "  store {store}  (RocksDB, changelog {}, compacted, partitions = {})",
+            t.changelog_topic(store),
+            trace.topic
         );
     }
     let _ = writeln!(s, "\ndead letters → topic {}", t.dead_letter_topic);

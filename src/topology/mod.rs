@@ -23,6 +23,8 @@ pub struct Topology {
     pub processing: Processing,
     /// Root of the local state directory.
     pub state_dir: PathBuf,
+    /// How long a task directory no store uses is kept before it is deleted.
+    pub state_cleanup_delay: Duration,
     /// Named input topics.
     pub sources: BTreeMap<String, Source>,
     /// Pipelines, each reading one source.
@@ -33,6 +35,8 @@ pub struct Topology {
     pub id_mapping: Option<IdMapping>,
     /// Where trace records go, when tracing.
     pub trace: Option<TraceSettings>,
+    /// The live reconciler reading the trace topic, when configured.
+    pub reconcile: Option<ReconcileSettings>,
 }
 
 /// The trace topic and how much is written to it.
@@ -89,6 +93,19 @@ pub struct Processing {
     pub static_membership: bool,
     /// How often expired dedup keys are deleted (through the changelog).
     pub expiry_scan_interval: Duration,
+    /// Other instances that keep a warm copy of each task's stores.
+    pub num_standby_replicas: usize,
+}
+
+/// The live reconciler: events on the trace topic still open after `threshold` are reported.
+#[derive(Debug, Clone)]
+pub struct ReconcileSettings {
+    /// Where alert records go.
+    pub alerts_topic: String,
+    /// How often open events are scanned.
+    pub scan_interval: Duration,
+    /// How long an event may stay open before it is reported.
+    pub threshold: Duration,
 }
 
 /// A named input topic.
@@ -329,6 +346,16 @@ impl Topology {
                 topics.push(r.topic.as_str());
             }
         }
+        topics.extend(self.reconciled_topic());
         topics
     }
+
+    /// The trace topic, when the live reconciler reads it.
+    pub fn reconciled_topic(&self) -> Option<&str> {
+        self.reconcile.as_ref()?;
+        self.trace.as_ref().map(|t| t.topic.as_str())
+    }
+
+    /// The store name of the live reconciler's open events.
+    pub const RECONCILE_STORE: &'static str = "reconcile-open";
 }

@@ -4,13 +4,13 @@
 //! The format is versioned JSON (`docs/trace-format.md`) so upstream senders and downstream
 //! sinks can write their own records to the same topic.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The format tag of every record this version writes.
 pub const FORMAT: &str = "tally.trace/v1";
 
 /// Where an event is in a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Status {
     /// The node consumed it.

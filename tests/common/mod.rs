@@ -28,6 +28,7 @@ pub struct Names {
     pub writeback: String,
     pub mappings: String,
     pub trace: String,
+    pub alerts: String,
 }
 
 impl Names {
@@ -45,6 +46,7 @@ impl Names {
             writeback: format!("wb-{id}"),
             mappings: format!("map-{id}"),
             trace: format!("trace-{id}"),
+            alerts: format!("alerts-{id}"),
         }
     }
 
@@ -318,6 +320,7 @@ impl Tally {
             ("TALLY_WRITEBACK_TOPIC", names.writeback.clone()),
             ("TALLY_MAPPING_TOPIC", names.mappings.clone()),
             ("TALLY_TRACE_TOPIC", names.trace.clone()),
+            ("TALLY_ALERTS_TOPIC", names.alerts.clone()),
         ];
         Self::start_with_env(path, instance_id, state.join(format!("{instance_id}.log")), &env)
     }

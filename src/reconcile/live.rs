@@ -1,0 +1,409 @@
+//! The live reconciler: a task per trace-topic partition keeps the events that are open (a
+//! `RECEIVED`/`PROCESSING` record and no `COMPLETED`/`FAILED` yet) in a changelogged store, and
+//! every scan interval reports those open longer than the threshold: a gauge, an alert record
+//! on the alerts topic (once per event) and a log line with the correlation id.
+
+use crate::engine::emit::{header, Counts, Emitter, ProcessError};
+use crate::engine::errors::EngineError;
+use crate::engine::producer::{Outgoing, TxnProducer};
+use crate::engine::task::Task;
+use crate::metrics::Metrics;
+use crate::processors::{Decision, Processed, Reason, Rejection};
+use crate::store::{codec, TaskStore};
+use crate::topology::ReconcileSettings;
+use crate::trace::{Status, FORMAT};
+use rdkafka::message::{BorrowedMessage, OwnedHeaders};
+use rdkafka::Message;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Format tag of alert records.
+pub const ALERT_FORMAT: &str = "tally.alert/v1";
+
+/// An event seen open on the trace topic, as stored (keyed by event id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenEvent {
+    /// `timestamp_ms` of the first open record.
+    pub first_seen_ms: i64,
+    /// The node that opened it.
+    pub node: String,
+    /// Its last non-terminal status (`RECEIVED` or `PROCESSING`).
+    pub status: Status,
+    /// The business idempotency key, when the writer knew it.
+    pub idempotency_key: Option<String>,
+    /// The correlation id.
+    pub correlation_id: String,
+    /// True once an alert record was written for it.
+    pub alerted: bool,
+}
+
+/// The fields of a trace record the reconciler reads.
+#[derive(Debug, Deserialize)]
+struct TraceIn {
+    event_id: String,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    correlation_id: Option<String>,
+    node: String,
+    status: Status,
+    timestamp_ms: i64,
+}
+
+/// The alert record written for a stuck event.
+#[derive(Debug, Serialize)]
+struct Alert<'a> {
+    format: &'static str,
+    kind: &'static str,
+    event_id: &'a str,
+    idempotency_key: Option<&'a str>,
+    correlation_id: &'a str,
+    node: &'a str,
+    status: Status,
+    first_seen_ms: i64,
+    age_ms: i64,
+    threshold_ms: u64,
+    detected_ms: i64,
+}
+
+/// What one scan found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ScanReport {
+    /// Events open.
+    pub open: u64,
+    /// Events open longer than the threshold.
+    pub stuck: u64,
+    /// Age of the oldest open event, ms.
+    pub oldest_age_ms: i64,
+    /// Alert records written by this scan.
+    pub alerted: u64,
+}
+
+/// One trace-topic partition's open events.
+pub struct ReconcileTask {
+    label: String,
+    settings: ReconcileSettings,
+    store: TaskStore,
+    changelogs: Vec<String>,
+    emit: Emitter,
+    metrics: Arc<Metrics>,
+    last_scan: Option<Instant>,
+    next_offset: Option<i64>,
+}
+
+impl ReconcileTask {
+    /// The reconciler task of trace partition `partition`, with its restored store.
+    pub fn new(
+        partition: i32,
+        settings: ReconcileSettings,
+        store: TaskStore,
+        changelogs: Vec<String>,
+        dead_letter_topic: String,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let emit = Emitter {
+            partition,
+            output_topic: settings.alerts_topic.clone(),
+            dead_letter_topic,
+            mappings_topic: None,
+            trace: None,
+            correlation_header: "correlation_id".into(),
+            counts: Counts::default(),
+        };
+        Self {
+            label: format!("reconcile-{partition}"),
+            settings,
+            store,
+            changelogs,
+            emit,
+            metrics,
+            last_scan: None,
+            next_offset: None,
+        }
+    }
+
+    /// Applies one trace record to the open events; `Ok(Err)` holds why it is unreadable.
+    fn apply(&mut self, payload: Option<&[u8]>) -> Result<Result<(), Rejection>, ProcessError> {
+        let t = match parse(payload) {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok(Ok(())),
+            Err(r) => return Ok(Err(r)),
+        };
+        let key = t.event_id.as_bytes();
+        let current = self.read(key)?;
+        if t.status.is_terminal() {
+            if current.is_some() {
+                self.store.delete(0, key);
+            }
+            return Ok(Ok(()));
+        }
+        let open = match current {
+            Some(mut o) => {
+                o.status = t.status;
+                o.node = t.node;
+                o
+            }
+            None => OpenEvent {
+                first_seen_ms: t.timestamp_ms,
+                node: t.node,
+                status: t.status,
+                idempotency_key: t.idempotency_key,
+                correlation_id: t.correlation_id.unwrap_or_default(),
+                alerted: false,
+            },
+        };
+        self.write(key, &open)?;
+        Ok(Ok(()))
+    }
+
+    fn read(&self, key: &[u8]) -> Result<Option<OpenEvent>, ProcessError> {
+        let Some(bytes) = self.store.get(0, key).map_err(fatal)? else {
+            return Ok(None);
+        };
+        match codec::decode(&bytes) {
+            Ok(open) => Ok(Some(open)),
+            Err(e) => {
+                // Written by a newer format: the next record for the event rewrites it.
+                tracing::warn!(error = %e, "unreadable open event in the reconciler store; treating it as absent");
+                Ok(None)
+            }
+        }
+    }
+
+    fn write(&mut self, key: &[u8], open: &OpenEvent) -> Result<(), ProcessError> {
+        self.store.put(0, key, codec::encode(open).map_err(fatal)?);
+        Ok(())
+    }
+
+    /// Reports the open events older than the threshold, alerting once per event.
+    pub fn scan(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<ScanReport, ProcessError> {
+        let threshold_ms = self.settings.threshold.as_millis() as i64;
+        let mut report = ScanReport::default();
+        let mut to_alert = Vec::new();
+        for entry in self.store.scan(0).map_err(fatal)? {
+            let (key, value) = entry.map_err(fatal)?;
+            let Ok(open) = codec::decode::<OpenEvent>(&value) else {
+                continue;
+            };
+            let age = now_ms.saturating_sub(open.first_seen_ms);
+            report.open += 1;
+            report.oldest_age_ms = report.oldest_age_ms.max(age);
+            if age >= threshold_ms {
+                report.stuck += 1;
+                if !open.alerted {
+                    to_alert.push((key, open, age));
+                }
+            }
+        }
+        for (key, mut open, age) in to_alert {
+            let event_id = String::from_utf8_lossy(&key);
+            let alert = Alert {
+                format: ALERT_FORMAT,
+                kind: "stuck_event",
+                event_id: &event_id,
+                idempotency_key: open.idempotency_key.as_deref(),
+                correlation_id: &open.correlation_id,
+                node: &open.node,
+                status: open.status,
+                first_seen_ms: open.first_seen_ms,
+                age_ms: age,
+                threshold_ms: threshold_ms as u64,
+                detected_ms: now_ms,
+            };
+            let payload = serde_json::to_vec(&alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
+            let out = Outgoing {
+                topic: &self.settings.alerts_topic,
+                partition: None,
+                key: Some(&key),
+                payload: Some(&payload),
+                headers: OwnedHeaders::new().insert(header("correlation_id", &open.correlation_id)),
+            };
+            producer.send(out).map_err(ProcessError::Kafka)?;
+            tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
+                .in_scope(|| {
+                    tracing::warn!(
+                        event_id = %event_id,
+                        node = %open.node,
+                        age_s = age / 1000,
+                        "event received but not completed after the threshold"
+                    )
+                });
+            open.alerted = true;
+            self.write(&key, &open)?;
+            report.alerted += 1;
+        }
+        self.emit
+            .changes(producer, &self.changelogs, self.store.take_changes())?;
+        Ok(report)
+    }
+
+    fn publish(&self, r: &ScanReport) {
+        let m = &self.metrics;
+        let l = [self.label.as_str()];
+        m.reconcile_open_events.with_label_values(&l).set(r.open as i64);
+        m.reconcile_stuck_events.with_label_values(&l).set(r.stuck as i64);
+        m.reconcile_oldest_open_age_seconds
+            .with_label_values(&l)
+            .set(r.oldest_age_ms as f64 / 1000.0);
+        m.reconcile_alerts.inc_by(r.alerted);
+    }
+}
+
+/// Parses a trace record: `Ok(None)` for formats this version does not know (other writers'
+/// business: skipped, not errors), `Err` for records that are not trace records at all.
+fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn>, Rejection> {
+    let bytes = payload.ok_or_else(|| Rejection::new(Reason::InvalidJson, "trace record without a value"))?;
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| Rejection::new(Reason::InvalidJson, format!("trace record is not JSON: {e}")))?;
+    if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
+        return Ok(None);
+    }
+    serde_json::from_value(value)
+        .map(Some)
+        .map_err(|e| Rejection::new(Reason::MissingKeyField, format!("not a {FORMAT} record: {e}")))
+}
+
+fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
+    ProcessError::Engine(EngineError::Fatal(e.into().context("live reconciler store")))
+}
+
+impl Task for ReconcileTask {
+    fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
+        if let Err(rejection) = self.apply(msg.payload())? {
+            let processed = Processed {
+                decision: Decision::Reject(rejection),
+                correlation_id: crate::engine::emit::header_text(msg, "correlation_id")
+                    .unwrap_or_default()
+                    .to_string(),
+            };
+            let place = crate::engine::emit::SourcePlace::of(msg);
+            self.emit.dead_letter(producer, msg, &place, &processed)?;
+        }
+        self.emit
+            .changes(producer, &self.changelogs, self.store.take_changes())?;
+        self.next_offset = Some(msg.offset() + 1);
+        Ok(())
+    }
+
+    fn next_offset(&self) -> Option<i64> {
+        self.next_offset
+    }
+
+    fn committed(&mut self, delivered: &HashMap<(String, i32), i64>) -> Result<Counts, EngineError> {
+        let offsets: Vec<(usize, i64)> = self
+            .changelogs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| delivered.get(&(t.clone(), self.emit.partition)).map(|&o| (i, o)))
+            .collect();
+        self.store.commit(&offsets).map_err(|e| {
+            EngineError::Fatal(anyhow::Error::new(e).context("store write after a committed transaction"))
+        })?;
+        self.next_offset = None;
+        // Dead letters count under the reconciler's label; trace records are not business input.
+        Ok(std::mem::take(&mut self.emit.counts))
+    }
+
+    fn aborted(&mut self) {
+        self.store.abort();
+        self.next_offset = None;
+        self.emit.counts = Counts::default();
+    }
+
+    fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
+        if self
+            .last_scan
+            .is_some_and(|s| s.elapsed() < self.settings.scan_interval)
+        {
+            return Ok(false);
+        }
+        self.last_scan = Some(Instant::now());
+        let report = self.scan(now_ms, producer)?;
+        self.publish(&report);
+        Ok(report.alerted > 0)
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+}
+
+impl Drop for ReconcileTask {
+    fn drop(&mut self) {
+        // The task moved away: its numbers are another instance's to report now.
+        let l = [self.label.as_str()];
+        let m = &self.metrics;
+        let _ = m.reconcile_open_events.remove_label_values(&l);
+        let _ = m.reconcile_stuck_events.remove_label_values(&l);
+        let _ = m.reconcile_oldest_open_age_seconds.remove_label_values(&l);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreEnv;
+    use std::time::Duration;
+
+    fn task(dir: &std::path::Path) -> ReconcileTask {
+        let store = TaskStore::open(dir, &["reconcile-open".into()], &StoreEnv::default()).expect("opens");
+        let settings = ReconcileSettings {
+            alerts_topic: "alerts".into(),
+            scan_interval: Duration::from_secs(1),
+            threshold: Duration::from_secs(10),
+        };
+        let metrics = Arc::new(Metrics::new("test").expect("metrics"));
+        ReconcileTask::new(0, settings, store, vec!["cl".into()], "dlq".into(), metrics)
+    }
+
+    fn record(event: &str, status: &str, at: i64) -> Vec<u8> {
+        serde_json::json!({
+            "format": FORMAT, "event_id": event, "idempotency_key": null, "correlation_id": "c",
+            "node": "n", "status": status, "outcome": null, "timestamp_ms": at,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn open(t: &ReconcileTask, event: &str) -> Option<OpenEvent> {
+        t.read(event.as_bytes()).ok().flatten()
+    }
+
+    #[test]
+    fn events_open_on_received_stay_open_through_processing_and_close_on_a_terminal_status() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut t = task(tmp.path());
+        let apply = |t: &mut ReconcileTask, bytes: &[u8]| t.apply(Some(bytes)).ok().map(|r| r.is_ok());
+        assert_eq!(apply(&mut t, &record("e1", "RECEIVED", 100)), Some(true));
+        assert_eq!(apply(&mut t, &record("e1", "PROCESSING", 200)), Some(true));
+        let e1 = open(&t, "e1").expect("open");
+        assert_eq!(
+            (e1.first_seen_ms, e1.status),
+            (100, Status::Processing),
+            "opened at the first record"
+        );
+        assert_eq!(apply(&mut t, &record("e1", "COMPLETED", 300)), Some(true));
+        assert_eq!(open(&t, "e1"), None);
+        assert_eq!(apply(&mut t, &record("e2", "FAILED", 300)), Some(true));
+        assert_eq!(open(&t, "e2"), None, "a terminal record alone opens nothing");
+        assert_eq!(
+            apply(&mut t, b"{\"format\":\"other/v2\"}"),
+            Some(true),
+            "other formats are skipped"
+        );
+        assert_eq!(apply(&mut t, b"not json"), Some(false), "garbage is rejected");
+        assert_eq!(
+            apply(
+                &mut t,
+                format!("{{\"format\":\"{FORMAT}\",\"status\":\"RECEIVED\"}}").as_bytes()
+            ),
+            Some(false),
+            "a v1 record without its fields is rejected"
+        );
+        let changes = t.store.take_changes();
+        assert_eq!(changes.len(), 3, "put, put, tombstone go to the changelog: {changes:?}");
+        assert_eq!(changes[2].value, None);
+    }
+}
