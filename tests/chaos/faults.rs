@@ -2,10 +2,11 @@
 //! are SIGKILLed, bounced, scaled 3 → 1 → 3 and robbed of their state, and a broker that is
 //! stopped (SIGTERM) or killed (SIGKILL) and started again with its data.
 
-use crate::common::{bootstrap, Tally};
+use crate::common::{bootstrap, http_get, Tally};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -89,9 +90,28 @@ impl Cluster {
         cluster
     }
 
-    /// The HTTP address of each instance.
-    pub fn http_addresses(&self) -> &[String] {
-        &self.http
+    /// The reconciler's open-event gauge summed over the instances' `/metrics`, polled until
+    /// all `tasks` reconciler tasks report and the sum is 0, or `timeout` passes: (sum, tasks
+    /// reporting).
+    pub fn reconciler_open_events(&self, tasks: usize, timeout: Duration) -> (i64, usize) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut gauges: HashMap<String, i64> = HashMap::new();
+            for addr in &self.http {
+                let body = http_get(addr, "/metrics").map(|(_, b)| b).unwrap_or_default();
+                for line in body.lines().filter(|l| l.starts_with("tally_reconcile_open_events{")) {
+                    if let Some((series, value)) = line.rsplit_once(' ') {
+                        *gauges.entry(series.to_string()).or_default() +=
+                            value.parse::<f64>().unwrap_or(f64::NAN) as i64;
+                    }
+                }
+            }
+            let sum = gauges.values().sum();
+            if (gauges.len() >= tasks && sum == 0) || Instant::now() >= deadline {
+                return (sum, gauges.len());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     fn state_dir(&self, i: usize) -> PathBuf {
@@ -172,15 +192,12 @@ impl Cluster {
 
     /// Notes and restarts instances that exited on their own (tally must ride out faults).
     pub fn check_alive(&mut self) {
-        for i in 0..IDS.len() {
+        for (i, id) in IDS.iter().enumerate() {
             let exited = self.running[i].as_mut().and_then(Tally::exited);
             if let Some(status) = exited {
                 let log = self.running[i].take().map(|t| t.log().display().to_string());
-                self.exits.push(format!(
-                    "{} exited with {status} (log {})",
-                    IDS[i],
-                    log.unwrap_or_default()
-                ));
+                self.exits
+                    .push(format!("{id} exited with {status} (log {})", log.unwrap_or_default()));
                 self.launch(i);
             }
         }

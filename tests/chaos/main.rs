@@ -24,6 +24,9 @@ use rdkafka::Message;
 use std::time::{Duration, Instant};
 use verifier::{Topics, PIPELINES};
 
+/// Partitions of the trace topic, so reconciler tasks.
+const TRACE_PARTITIONS: i32 = 6;
+
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -51,10 +54,10 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
         trace: names.trace.clone(),
     };
     let partitions = [6, 4, 4];
-    let mut create: Vec<(&str, i32)> = vec![(&topics.dlq, 2), (&topics.trace, 6)];
-    for i in 0..3 {
-        create.push((&topics.inputs[i], partitions[i]));
-        create.push((&topics.outputs[i], partitions[i]));
+    let mut create: Vec<(&str, i32)> = vec![(&topics.dlq, 2), (&topics.trace, TRACE_PARTITIONS), (&names.alerts, 1)];
+    for ((input, output), n) in topics.inputs.iter().zip(&topics.outputs).zip(partitions) {
+        create.push((input, n));
+        create.push((output, n));
     }
     create_topics(&create);
 
@@ -63,7 +66,8 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     // Kept when the run fails, for inspection.
     let dir = tempfile::tempdir().expect("tempdir").keep();
     let topology = dir.as_path().join("topology.yaml");
-    std::fs::write(&topology, topology_yaml(&names.app, &topics, max_bytes)).expect("write topology");
+    let yaml = topology_yaml(&names.app, &topics, &names.alerts, max_bytes);
+    std::fs::write(&topology, yaml).expect("write topology");
     eprintln!(
         "chaos: {records} records, seed {seed}, state and logs in {}",
         dir.as_path().display()
@@ -94,19 +98,36 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
         started.elapsed().as_secs_f64()
     );
     cluster.check_alive();
+    // The live reconciler's view of the same thing: its open-event gauge drains to zero.
+    let (open, reporting) = cluster.reconciler_open_events(TRACE_PARTITIONS as usize, Duration::from_secs(60));
+    eprintln!(
+        "[{:>6.1}s] reconciler: {open} open events over {reporting} tasks",
+        started.elapsed().as_secs_f64()
+    );
     cluster.stop_all();
     let exits = std::mem::take(&mut cluster.exits);
 
     // Verifier: no transaction left open, then every topic read with read_committed.
-    for topic in topics.outputs.iter().chain([&topics.dlq, &topics.trace]) {
+    for topic in topics.outputs.iter().chain([&topics.dlq, &topics.trace, &names.alerts]) {
         assert_no_open_transactions(topic);
     }
+    // Alerts for events open past the threshold are expected while the broker is away; counted only.
+    let alerts = read_committed(&names.alerts, 0, Duration::from_secs(30))
+        .iter()
+        .filter(|m| m.payload() != Some(b"marker".as_slice()))
+        .count();
     let mut report = verifier::verify(&topics, max_bytes);
     report.add("instances exited or hung", exits.len() as u64, exits.join("; "));
+    report.add(
+        "reconciler open events",
+        open.unsigned_abs() + (reporting < TRACE_PARTITIONS as usize) as u64,
+        format!("tally_reconcile_open_events sums to {open} over {reporting} of {TRACE_PARTITIONS} reconciler tasks"),
+    );
     let count = |f: Fault| schedule.iter().filter(|g| **g == f).count();
     let verdict = format!(
         "chaos verdict: {} — {} business events in {records} records | {} | faults: kills {}, scale cycles {}, \
-         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, seed {seed}, {:.0}s",
+         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, seed {seed} | reconciler: {open} open over \
+         {reporting} tasks, {alerts} alerts | {:.0}s",
         if report.passed() { "PASS" } else { "FAIL" },
         report.business_events(),
         report.summary(),
@@ -128,7 +149,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     std::fs::remove_dir_all(&dir).expect("remove the run's directory");
 }
 
-fn topology_yaml(app: &str, t: &Topics, max_bytes: usize) -> String {
+fn topology_yaml(app: &str, t: &Topics, alerts: &str, max_bytes: usize) -> String {
     format!(
         r#"
 application_id: {app}
@@ -178,6 +199,7 @@ pipelines:
     to: {{ topic: {out2} }}
 dead_letter: {{ topic: {dlq} }}
 trace: {{ topic: {trace}, level: all }}
+reconcile: {{ alerts_topic: {alerts}, scan_interval: 1s, threshold: 30s }}
 "#,
         bootstrap = bootstrap(),
         in0 = t.inputs[0],
