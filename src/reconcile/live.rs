@@ -198,11 +198,21 @@ impl ReconcileTask {
             if age >= threshold_ms {
                 report.stuck += 1;
                 if !open.alerted {
-                    to_alert.push((key, open, age));
+                    to_alert.push((key, age));
                 }
             }
         }
-        for (key, mut open, age) in to_alert {
+        for (key, age) in to_alert {
+            // The scan reads committed entries only: this transaction may have closed the event
+            // since, and writing it back would reopen it for good.
+            let Some(mut open) = self.read(&key)? else {
+                report.open -= 1;
+                report.stuck -= 1;
+                continue;
+            };
+            if open.alerted {
+                continue;
+            }
             let event_id = String::from_utf8_lossy(&key);
             let alert = Alert {
                 format: ALERT_FORMAT,

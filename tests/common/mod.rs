@@ -371,6 +371,15 @@ impl Tally {
 
     /// SIGTERM and wait for a clean exit; returns the log lines.
     pub fn stop(mut self) -> Vec<serde_json::Value> {
+        if let Err(problem) = self.terminate(Duration::from_secs(60)) {
+            panic!("{problem}");
+        }
+        self.lines()
+    }
+
+    /// SIGTERM and wait up to `timeout` for the exit; a process still running then is
+    /// SIGKILLed. Err says what went wrong (unclean exit, or hung with its last log lines).
+    pub fn terminate(&mut self, timeout: Duration) -> Result<(), String> {
         // A process killed before it installs its signal handler just dies; wait until it runs.
         let deadline = Instant::now() + Duration::from_secs(10);
         while events(&self.lines(), "tally starting").is_empty() && Instant::now() < deadline {
@@ -379,28 +388,38 @@ impl Tally {
         let pid = self.child.id().to_string();
         let ok = Command::new("kill").args(["-TERM", &pid]).status().expect("kill -TERM");
         assert!(ok.success());
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
-                assert!(
-                    status.success(),
-                    "tally exited with {status}; log: {}",
-                    self.log.display()
-                );
-                break;
+                if status.success() {
+                    return Ok(());
+                }
+                return Err(format!("tally exited with {status}; log: {}", self.log.display()));
             }
             if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
                 let text = std::fs::read_to_string(&self.log).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(40).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "tally did not stop within 60 s after SIGTERM; last log lines:\n{}",
+                return Err(format!(
+                    "tally did not stop within {timeout:?} after SIGTERM (log {}); last log lines:\n{}",
+                    self.log.display(),
                     tail.join("\n")
-                );
+                ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        self.lines()
+    }
+
+    /// The exit status, if the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// The JSON log lines written so far.
@@ -414,6 +433,22 @@ impl Drop for Tally {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A plain HTTP/1.0 GET: status code and body.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
 }
 
 /// Parses a JSON log file (non-JSON lines are skipped).

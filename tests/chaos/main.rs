@@ -1,0 +1,237 @@
+//! Exactly-once under fire: a seeded driver (payments, entity sync, cart merges, poison), a
+//! fault schedule (SIGKILLs, clean bounces, scale 3 → 1 → 3, broker restarts, a lost state
+//! directory) and a verifier that recomputes the right answer from the input topics alone.
+//!
+//! Short run in the test command; the long run is the same test with bigger numbers
+//! (`scripts/chaos`): TALLY_CHAOS_EVENTS (business events, default 100000), TALLY_CHAOS_KILLS
+//! (6), TALLY_CHAOS_SCALES (3 → 1 → 3 cycles, 1), TALLY_CHAOS_BROKER_RESTARTS (1; the first is
+//! a SIGKILL, then SIGTERM and SIGKILL alternate), TALLY_CHAOS_STATE_LOSSES (1),
+//! TALLY_CHAOS_SEED (2026). Broker restarts go through `deploy/local/kafka` with this process's
+//! environment, so the broker at KAFKA_BOOTSTRAP must be the one it manages.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod driver;
+mod faults;
+mod verifier;
+
+use common::*;
+use faults::{Cluster, Fault, Plan};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::Message;
+use std::time::{Duration, Instant};
+use verifier::{Topics, PIPELINES};
+
+/// Partitions of the trace topic, so reconciler tasks.
+const TRACE_PARTITIONS: i32 = 6;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[test]
+fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
+    let events = env_or("TALLY_CHAOS_EVENTS", 100_000) as usize;
+    let seed = env_or("TALLY_CHAOS_SEED", 2026);
+    let plan = Plan {
+        kills: env_or("TALLY_CHAOS_KILLS", 6),
+        scales: env_or("TALLY_CHAOS_SCALES", 1),
+        broker_restarts: env_or("TALLY_CHAOS_BROKER_RESTARTS", 1),
+        state_losses: env_or("TALLY_CHAOS_STATE_LOSSES", 1),
+    };
+    if plan.broker_restarts > 0 {
+        faults::assert_broker_is_ours();
+    }
+    let max_bytes = 4096;
+    let started = Instant::now();
+    let names = Names::new("chaos");
+    let topics = Topics {
+        inputs: PIPELINES.map(|p| format!("{}-{p}", names.input)),
+        outputs: PIPELINES.map(|p| format!("{}-{p}", names.output)),
+        dlq: names.dlq.clone(),
+        trace: names.trace.clone(),
+    };
+    let partitions = [6, 4, 4];
+    let mut create: Vec<(&str, i32)> = vec![(&topics.dlq, 2), (&topics.trace, TRACE_PARTITIONS), (&names.alerts, 1)];
+    for ((input, output), n) in topics.inputs.iter().zip(&topics.outputs).zip(partitions) {
+        create.push((input, n));
+        create.push((output, n));
+    }
+    create_topics(&create);
+
+    let streams = driver::generate(events, max_bytes, seed);
+    let records: usize = streams.iter().map(|s| s.records.len()).sum();
+    // Kept when the run fails, for inspection.
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    let topology = dir.as_path().join("topology.yaml");
+    let yaml = topology_yaml(&names.app, &topics, &names.alerts, max_bytes);
+    std::fs::write(&topology, yaml).expect("write topology");
+    eprintln!(
+        "chaos: {records} records, seed {seed}, state and logs in {}",
+        dir.as_path().display()
+    );
+
+    let mut cluster = Cluster::start(&topology, dir.as_path());
+    let writer = {
+        let topics = topics.inputs.clone();
+        std::thread::spawn(move || driver::write(topics, streams))
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    let schedule = plan.schedule(&mut rng);
+    for (n, fault) in schedule.iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(rng.random_range(1_500..4_000)));
+        let what = cluster.apply(*fault, &mut rng);
+        eprintln!(
+            "[{:>6.1}s] {what} ({}/{})",
+            started.elapsed().as_secs_f64(),
+            n + 1,
+            schedule.len()
+        );
+    }
+    writer.join().expect("driver");
+    eprintln!("[{:>6.1}s] driver done", started.elapsed().as_secs_f64());
+    let closed = wait_until_traced(&topics.trace, records, &mut cluster);
+    eprintln!(
+        "[{:>6.1}s] quiescent: {closed} of {records} events closed on the trace topic",
+        started.elapsed().as_secs_f64()
+    );
+    cluster.check_alive();
+    // The live reconciler's view of the same thing: its open-event gauge drains to zero.
+    let (open, reporting) = cluster.reconciler_open_events(TRACE_PARTITIONS as usize, Duration::from_secs(60));
+    eprintln!(
+        "[{:>6.1}s] reconciler: {open} open events over {reporting} tasks",
+        started.elapsed().as_secs_f64()
+    );
+    cluster.stop_all();
+    let exits = std::mem::take(&mut cluster.exits);
+
+    // Verifier: no transaction left open, then every topic read with read_committed.
+    for topic in topics.outputs.iter().chain([&topics.dlq, &topics.trace, &names.alerts]) {
+        assert_no_open_transactions(topic);
+    }
+    // Alerts for events open past the threshold are expected while the broker is away; counted only.
+    let alerts = read_committed(&names.alerts, 0, Duration::from_secs(30))
+        .iter()
+        .filter(|m| m.payload() != Some(b"marker".as_slice()))
+        .count();
+    let mut report = verifier::verify(&topics, max_bytes);
+    report.add("instances exited or hung", exits.len() as u64, exits.join("; "));
+    report.add(
+        "reconciler open events",
+        open.unsigned_abs() + (reporting < TRACE_PARTITIONS as usize) as u64,
+        format!("tally_reconcile_open_events sums to {open} over {reporting} of {TRACE_PARTITIONS} reconciler tasks"),
+    );
+    let count = |f: Fault| schedule.iter().filter(|g| **g == f).count();
+    let verdict = format!(
+        "chaos verdict: {} — {} business events in {records} records | {} | faults: kills {}, scale cycles {}, \
+         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, seed {seed} | reconciler: {open} open over \
+         {reporting} tasks, {alerts} alerts | {:.0}s",
+        if report.passed() { "PASS" } else { "FAIL" },
+        report.business_events(),
+        report.summary(),
+        count(Fault::Kill),
+        count(Fault::Scale),
+        plan.broker_restarts,
+        count(Fault::BrokerRestart { sigkill: false }),
+        count(Fault::BrokerRestart { sigkill: true }),
+        count(Fault::LoseState),
+        started.elapsed().as_secs_f64()
+    );
+    println!("{verdict}");
+    assert!(
+        report.passed(),
+        "{verdict}\nexamples:\n  {}\nlogs and state kept in {}",
+        report.examples().join("\n  "),
+        dir.display()
+    );
+    std::fs::remove_dir_all(&dir).expect("remove the run's directory");
+}
+
+fn topology_yaml(app: &str, t: &Topics, alerts: &str, max_bytes: usize) -> String {
+    format!(
+        r#"
+application_id: {app}
+kafka:
+  bootstrap_servers: "{bootstrap}"
+  properties: {{ session.timeout.ms: 6000, heartbeat.interval.ms: 1000 }}
+# Static membership: a killed instance restarted within the session timeout gets its own tasks
+# back and resumes from its own stores, the case that exposes a store running ahead of its
+# committed changelog.
+processing: {{ commit_interval_ms: 100, max_record_bytes: {max_bytes}, static_membership: true }}
+state: {{ dir: "${{TALLY_STATE_DIR}}" }}
+sources:
+  payments: {{ topic: {in0} }}
+  entities: {{ topic: {in1} }}
+  carts: {{ topic: {in2} }}
+pipelines:
+  - name: payments
+    from: payments
+    repartition: {{ key: "{{payment_id}}" }}
+    key: "{{payment_id}}:{{status}}"
+    routes:
+      - when: {{ event_type: "payment.*" }}
+        strategy: ignore
+    to: {{ topic: {out0}, key: "{{payment_id}}" }}
+  - name: entities
+    from: entities
+    repartition: {{ key: "{{entity_type}}:{{entity_id}}" }}
+    key: "{{entity_type}}:{{entity_id}}:v{{version}}"
+    routes:
+      - when: {{ event_type: "entity.updated" }}
+        strategy: overwrite
+        entity: "{{entity_type}}:{{entity_id}}"
+        version: "{{version}}"
+    to: {{ topic: {out1} }}
+  - name: carts
+    from: carts
+    repartition: {{ key: "{{cart_id}}" }}
+    key: "{{cart_id}}:{{line_id}}"
+    routes:
+      - when: {{ event_type: "cart.line_added" }}
+        strategy: merge
+        entity: "{{cart_id}}"
+        increment_id: "{{line_id}}"
+        into: lines
+        emit: state
+        max_state_bytes: 65536
+    to: {{ topic: {out2} }}
+dead_letter: {{ topic: {dlq} }}
+trace: {{ topic: {trace}, level: all }}
+reconcile: {{ alerts_topic: {alerts}, scan_interval: 1s, threshold: 30s }}
+"#,
+        bootstrap = bootstrap(),
+        in0 = t.inputs[0],
+        in1 = t.inputs[1],
+        in2 = t.inputs[2],
+        out0 = t.outputs[0],
+        out1 = t.outputs[1],
+        out2 = t.outputs[2],
+        dlq = t.dlq,
+        trace = t.trace,
+    )
+}
+
+/// Waits until the trace topic holds a terminal record for every input record, or none arrived
+/// for 60 s (the verifier then says what is open); returns the count. It only ends the wait:
+/// the verifier does not rely on it.
+fn wait_until_traced(trace: &str, records: usize, cluster: &mut Cluster) -> usize {
+    let (consumer, _): (BaseConsumer, usize) = committed_reader(trace, false);
+    let is_terminal =
+        |p: &[u8]| p.windows(11).any(|w| w == b"\"COMPLETED\"") || p.windows(8).any(|w| w == b"\"FAILED\"");
+    let (mut closed, mut progress) = (0, Instant::now());
+    while closed < records && progress.elapsed() < Duration::from_secs(60) {
+        // Errors while the broker is away are the client's to ride out.
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            if m.payload().is_some_and(is_terminal) {
+                closed += 1;
+                progress = Instant::now();
+            }
+        }
+        if progress.elapsed() > Duration::from_secs(10) {
+            cluster.check_alive();
+        }
+    }
+    closed
+}
