@@ -4,7 +4,7 @@ use super::diagnostics::Collector;
 use super::raw::{RawMapIds, RawPipeline, RawRoute, Text};
 use super::validate::{kafka_name, positive_duration, required, Known, DEFAULT_RETENTION};
 use crate::topology::{
-    CorrelationSpec, KeyTemplate, MapIds, MergeEmit, Output, Pipeline, Repartition, Route, Strategy,
+    CorrelationSpec, KeyTemplate, MapIds, MergeEmit, Output, Pipeline, Repartition, Route, Strategy, MERGE_STATE_FIELDS,
 };
 use globset::Glob;
 use serde_saphyr::{Location, Spanned};
@@ -364,10 +364,20 @@ fn merge(c: &mut Collector, r: &RawRoute, at: Location, label: &str) -> Option<S
             return None;
         }
     };
-    let into = r
-        .into
-        .as_ref()
-        .map_or_else(|| "increments".to_string(), |i| i.value.clone());
+    let into = match &r.into {
+        None => "items".to_string(),
+        Some(i) if MERGE_STATE_FIELDS.contains(&i.value.as_str()) => {
+            c.at_loc(
+                i.referenced,
+                format!(
+                    "{label}: `into: {}` is a field the merged state sets itself (`entity` is the entity, `increments` the count); name the array differently, e.g. `lines`",
+                    i.value
+                ),
+            );
+            return None;
+        }
+        Some(i) => i.value.clone(),
+    };
     Some(Strategy::Merge {
         entity: entity?,
         increment_id: increment_id?,

@@ -553,6 +553,29 @@ dead_letter: { topic: dlq }
     }
 
     #[test]
+    fn merge_without_into_keeps_every_increment_and_reserved_names_are_refused() {
+        let yaml = ROUTES.replace("        into: lines\n", "");
+        let (p, mut s, _tmp) = setup_with(&yaml);
+        let rec = |line: &str| format!(r#"{{"event_type":"cart.add","id":"K1","v":1,"line":"{line}"}}"#);
+        run(&p, &mut s, rec("L1").as_bytes());
+        let Decision::Emit {
+            payload: Some(state), ..
+        } = run(&p, &mut s, rec("L2").as_bytes()).decision
+        else {
+            panic!("the second increment emits the merged state");
+        };
+        let v: Value = serde_json::from_slice(&state).expect("json");
+        assert_eq!(v["increments"], 2);
+        assert_eq!(v["items"][0]["line"], "L1");
+        assert_eq!(v["items"][1]["line"], "L2");
+        for reserved in ["increments", "entity"] {
+            let yaml = ROUTES.replace("into: lines", &format!("into: {reserved}"));
+            let e = config::load_str("t.yaml", &yaml, |_| None).expect_err("a reserved `into` is refused");
+            assert!(e.to_string().contains(&format!("`into: {reserved}`")), "{e}");
+        }
+    }
+
+    #[test]
     fn merge_emits_the_state_applies_each_increment_once_and_bounds_it() {
         let (p, mut s, _tmp) = setup_with(ROUTES);
         let rec = |line: &str, pad: usize| {

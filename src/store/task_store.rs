@@ -136,6 +136,11 @@ impl TaskStore {
         self.db.get_cf(cf, key).map_err(|e| self.rocks(e))
     }
 
+    /// The open transaction's write of a key, if it has one: `Some(None)` is a pending delete.
+    pub fn pending(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.overlays[store].get(key).map(Option::as_deref)
+    }
+
     /// Writes a key in the open transaction and queues it for the changelog.
     pub fn put(&mut self, store: usize, key: &[u8], value: Vec<u8>) {
         self.overlays[store].insert(key.to_vec(), Some(value.clone()));

@@ -210,6 +210,10 @@ pub enum Strategy {
     RecordMapping,
 }
 
+/// Fields a `merge` state sets itself (the entity, the increment count): an `into` array under
+/// one of these names would be overwritten by every merge.
+pub const MERGE_STATE_FIELDS: [&str; 2] = ["entity", "increments"];
+
 /// What a `merge` route writes to the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MergeEmit {
