@@ -435,22 +435,6 @@ impl Drop for Tally {
     }
 }
 
-/// A plain HTTP/1.0 GET: status code and body.
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
 /// Parses a JSON log file (non-JSON lines are skipped).
 pub fn log_lines(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
