@@ -93,6 +93,9 @@ pub struct ReconcileTask {
     emit: Emitter,
     metrics: Arc<Metrics>,
     last_scan: Option<Instant>,
+    /// The newest `timestamp_ms` read from the partition, and when it was read: the clock
+    /// events age by (see `clock_ms`).
+    stream_time: Option<(i64, Instant)>,
     next_offset: Option<i64>,
 }
 
@@ -125,6 +128,7 @@ impl ReconcileTask {
             emit,
             metrics,
             last_scan: None,
+            stream_time: None,
             next_offset: None,
         }
     }
@@ -136,6 +140,10 @@ impl ReconcileTask {
             Ok(None) => return Ok(Ok(())),
             Err(r) => return Ok(Err(r)),
         };
+        let newest = self
+            .stream_time
+            .map_or(t.timestamp_ms, |(st, _)| st.max(t.timestamp_ms));
+        self.stream_time = Some((newest, Instant::now()));
         let key = t.event_id.as_bytes();
         let current = self.read(key)?;
         if t.status.is_terminal() {
@@ -182,8 +190,20 @@ impl ReconcileTask {
         Ok(())
     }
 
-    /// Reports the open events older than the threshold, alerting once per event.
-    pub fn scan(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<ScanReport, ProcessError> {
+    /// The time open events age by: the partition's stream time plus the wall time since it
+    /// was last read. A reconciler catching up on a backlog reads completions that were
+    /// written long ago; judging their opening records by the wall clock would report events
+    /// that finished in time. When the partition is idle this runs with the wall clock.
+    fn clock_ms(&self, now_ms: i64) -> i64 {
+        match self.stream_time {
+            Some((st, read_at)) => st.saturating_add(read_at.elapsed().as_millis() as i64).min(now_ms),
+            None => now_ms,
+        }
+    }
+
+    /// Reports the events open longer than the threshold at `clock_ms` (see `clock_ms`),
+    /// alerting once per event; `now_ms` stamps the alerts.
+    pub fn scan(&mut self, clock_ms: i64, now_ms: i64, producer: &mut TxnProducer) -> Result<ScanReport, ProcessError> {
         let threshold_ms = self.settings.threshold.as_millis() as i64;
         let mut report = ScanReport::default();
         let mut to_alert = Vec::new();
@@ -192,7 +212,7 @@ impl ReconcileTask {
             let Ok(open) = codec::decode::<OpenEvent>(&value) else {
                 continue;
             };
-            let age = now_ms.saturating_sub(open.first_seen_ms);
+            let age = clock_ms.saturating_sub(open.first_seen_ms);
             report.open += 1;
             report.oldest_age_ms = report.oldest_age_ms.max(age);
             if age >= threshold_ms {
@@ -335,7 +355,7 @@ impl Task for ReconcileTask {
             return Ok(false);
         }
         self.last_scan = Some(Instant::now());
-        let report = self.scan(now_ms, producer)?;
+        let report = self.scan(self.clock_ms(now_ms), now_ms, producer)?;
         self.publish(&report);
         Ok(report.alerted > 0)
     }
