@@ -394,22 +394,30 @@ impl Tally {
                 if status.success() {
                     return Ok(());
                 }
-                return Err(format!("tally exited with {status}; log: {}", self.log.display()));
+                return Err(format!(
+                    "tally exited with {status} (log {}); last log lines:\n{}",
+                    self.log.display(),
+                    self.tail(40)
+                ));
             }
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(40).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
                 return Err(format!(
                     "tally did not stop within {timeout:?} after SIGTERM (log {}); last log lines:\n{}",
                     self.log.display(),
-                    tail.join("\n")
+                    self.tail(40)
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The last `n` lines of the log, for failure messages (the log's temp dir goes with the test).
+    fn tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// The exit status, if the process has ended.
