@@ -6,7 +6,8 @@
 //! (`scripts/chaos`): TALLY_CHAOS_EVENTS (business events, default 100000), TALLY_CHAOS_KILLS
 //! (6), TALLY_CHAOS_SCALES (3 → 1 → 3 cycles, 1), TALLY_CHAOS_BROKER_RESTARTS (1; the first is
 //! a SIGKILL, then SIGTERM and SIGKILL alternate), TALLY_CHAOS_STATE_LOSSES (1),
-//! TALLY_CHAOS_SEED (2026). Broker restarts go through `deploy/local/kafka` with this process's
+//! TALLY_CHAOS_SEED (2026), TALLY_CHAOS_RECONCILE_THRESHOLD and TALLY_CHAOS_RECONCILE_SCAN
+//! (the live reconciler's alert threshold and scan interval, 30s and 1s). Broker restarts go through `deploy/local/kafka` with this process's
 //! environment, so the broker at KAFKA_BOOTSTRAP must be the one it manages.
 
 #[path = "../common/mod.rs"]
@@ -199,7 +200,7 @@ pipelines:
     to: {{ topic: {out2} }}
 dead_letter: {{ topic: {dlq} }}
 trace: {{ topic: {trace}, level: all }}
-reconcile: {{ alerts_topic: {alerts}, scan_interval: 1s, threshold: 30s }}
+reconcile: {{ alerts_topic: {alerts}, scan_interval: {scan}, threshold: {threshold} }}
 "#,
         bootstrap = bootstrap(),
         in0 = t.inputs[0],
@@ -210,6 +211,8 @@ reconcile: {{ alerts_topic: {alerts}, scan_interval: 1s, threshold: 30s }}
         out2 = t.outputs[2],
         dlq = t.dlq,
         trace = t.trace,
+        threshold = std::env::var("TALLY_CHAOS_RECONCILE_THRESHOLD").unwrap_or_else(|_| "30s".into()),
+        scan = std::env::var("TALLY_CHAOS_RECONCILE_SCAN").unwrap_or_else(|_| "1s".into()),
     )
 }
 
