@@ -1,0 +1,262 @@
+//! Decisions of the pipeline processor on the example topologies' records.
+
+use super::*;
+use crate::config;
+use crate::store::StoreEnv;
+
+const YAML: &str = r#"
+application_id: t
+kafka: { bootstrap_servers: "localhost:9092" }
+processing: { max_record_bytes: 200 }
+sources: { in: { topic: in } }
+pipelines:
+  - name: payments
+    from: in
+    key: "{payment_id}:{status}"
+    routes:
+      - when: { event_type: "payment.*" }
+        strategy: ignore
+    to: { topic: out, key: "{payment_id}" }
+dead_letter: { topic: dlq }
+"#;
+
+const ROUTES: &str = r#"
+application_id: t
+kafka: { bootstrap_servers: "localhost:9092" }
+sources: { in: { topic: in } }
+pipelines:
+  - name: sync
+    from: in
+    key: "{id}:{v}"
+    routes:
+      - when: { event_type: "entity.*" }
+        strategy: overwrite
+        entity: "{type}:{id}"
+        version: "{v}"
+      - when: { event_type: "cart.*" }
+        strategy: merge
+        entity: "{id}"
+        increment_id: "{line}"
+        into: lines
+        max_state_bytes: 300
+    to: { topic: out }
+dead_letter: { topic: dlq }
+"#;
+
+fn setup() -> (PipelineProcessor, TaskStore, tempfile::TempDir) {
+    setup_with(YAML)
+}
+
+fn setup_with(yaml: &str) -> (PipelineProcessor, TaskStore, tempfile::TempDir) {
+    let t = config::load_str("t.yaml", yaml, |_| None).expect("valid topology");
+    let p = Arc::new(t.pipelines[0].clone());
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let s = TaskStore::open(tmp.path(), &p.store_names(), &StoreEnv::default()).expect("opens");
+    let global = Arc::new(GlobalMappings::default());
+    (PipelineProcessor::new(p, t.processing.max_record_bytes, global), s, tmp)
+}
+
+fn run(p: &PipelineProcessor, s: &mut TaskStore, payload: &[u8]) -> Processed {
+    let input = Input {
+        payload: Some(payload),
+        correlation_header: None,
+        coordinates: ("in", 0, 7),
+        now_ms: 1_000,
+    };
+    p.process(&input, s).expect("no store error")
+}
+
+fn reason(p: &Processed) -> Option<Reason> {
+    match &p.decision {
+        Decision::Reject(r) => Some(r.reason),
+        _ => None,
+    }
+}
+
+#[test]
+fn business_key_decides_not_the_message() {
+    let (p, mut s, _tmp) = setup();
+    let first = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"payment.completed","payment_id":"P1","status":"PAID"}"#,
+    );
+    assert_eq!(
+        first.decision,
+        Decision::Emit {
+            idempotency_key: "P1:PAID".into(),
+            output_key: "P1".into(),
+            payload: None,
+            pending: vec![]
+        }
+    );
+    let again = run(
+        &p,
+        &mut s,
+        br#"{"status":"PAID","payment_id":"P1","event_type":"payment.retried","extra":1}"#,
+    );
+    assert_eq!(
+        again.decision,
+        Decision::Duplicate {
+            idempotency_key: "P1:PAID".into()
+        }
+    );
+    assert_eq!(
+        first.correlation_id, again.correlation_id,
+        "derived from the business key"
+    );
+}
+
+#[test]
+fn every_kind_of_bad_record_is_rejected_with_its_reason() {
+    let (p, mut s, _tmp) = setup();
+    let big = format!(
+        r#"{{"event_type":"payment.x","payment_id":"P","status":"S","pad":"{}"}}"#,
+        "x".repeat(300)
+    );
+    assert_eq!(reason(&run(&p, &mut s, big.as_bytes())), Some(Reason::Oversize));
+    assert_eq!(reason(&run(&p, &mut s, b"{not json")), Some(Reason::InvalidJson));
+    assert_eq!(reason(&run(&p, &mut s, b"[1,2]")), Some(Reason::NotAnObject));
+    assert_eq!(
+        reason(&run(&p, &mut s, br#"{"event_type":"payment.x","payment_id":"P"}"#)),
+        Some(Reason::MissingKeyField)
+    );
+    assert_eq!(
+        reason(&run(
+            &p,
+            &mut s,
+            br#"{"event_type":"payment.x","payment_id":{"a":1},"status":"S"}"#
+        )),
+        Some(Reason::NonScalarKeyField)
+    );
+    assert_eq!(
+        reason(&run(
+            &p,
+            &mut s,
+            br#"{"event_type":"order.x","payment_id":"P","status":"S"}"#
+        )),
+        Some(Reason::NoRoute)
+    );
+    assert!(s.take_changes().is_empty(), "rejected records leave no dedup state");
+}
+
+#[test]
+fn rekey_renders_the_repartition_key_or_rejects() {
+    let (p, _s, _tmp) = setup();
+    let t: KeyTemplate = "{payment_id}".parse().expect("valid");
+    let input = |payload: &'static [u8]| Input {
+        payload: Some(payload),
+        correlation_header: None,
+        coordinates: ("in", 1, 2),
+        now_ms: 0,
+    };
+    assert_eq!(
+        p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)).map(|r| r.key),
+        Ok("P9".to_string())
+    );
+    let rejected = p.rekey(&t, &input(br#"{"status":"PAID"}"#)).expect_err("no payment_id");
+    assert!(matches!(
+        rejected.decision,
+        Decision::Reject(Rejection {
+            reason: Reason::MissingKeyField,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn overwrite_passes_higher_versions_keyed_by_entity_and_drops_the_rest() {
+    let (p, mut s, _tmp) = setup_with(ROUTES);
+    let rec = |v: &str| format!(r#"{{"event_type":"entity.updated","type":"customer","id":"C1","v":{v}}}"#);
+    let first = run(&p, &mut s, rec("3").as_bytes());
+    assert_eq!(
+        first.decision,
+        Decision::Emit {
+            idempotency_key: "C1:3".into(),
+            output_key: "customer:C1".into(),
+            payload: None,
+            pending: vec![]
+        }
+    );
+    assert!(matches!(
+        run(&p, &mut s, rec("\"2\"").as_bytes()).decision,
+        Decision::Stale {
+            version: 2,
+            current: 3,
+            ..
+        }
+    ));
+    assert!(matches!(
+        run(&p, &mut s, rec("3").as_bytes()).decision,
+        Decision::Stale { version: 3, .. }
+    ));
+    assert!(matches!(
+        run(&p, &mut s, rec("\"4\"").as_bytes()).decision,
+        Decision::Emit { .. }
+    ));
+    assert_eq!(
+        reason(&run(&p, &mut s, rec("4.5").as_bytes())),
+        Some(Reason::InvalidVersion)
+    );
+    assert_eq!(
+        reason(&run(&p, &mut s, rec("\"v5\"").as_bytes())),
+        Some(Reason::InvalidVersion)
+    );
+}
+
+#[test]
+fn merge_without_into_keeps_every_increment_and_reserved_names_are_refused() {
+    let yaml = ROUTES.replace("        into: lines\n", "");
+    let (p, mut s, _tmp) = setup_with(&yaml);
+    let rec = |line: &str| format!(r#"{{"event_type":"cart.add","id":"K1","v":1,"line":"{line}"}}"#);
+    run(&p, &mut s, rec("L1").as_bytes());
+    let Decision::Emit {
+        payload: Some(state), ..
+    } = run(&p, &mut s, rec("L2").as_bytes()).decision
+    else {
+        panic!("the second increment emits the merged state");
+    };
+    let v: Value = serde_json::from_slice(&state).expect("json");
+    assert_eq!(v["increments"], 2);
+    assert_eq!(v["items"][0]["line"], "L1");
+    assert_eq!(v["items"][1]["line"], "L2");
+    for reserved in ["increments", "entity"] {
+        let yaml = ROUTES.replace("into: lines", &format!("into: {reserved}"));
+        let e = config::load_str("t.yaml", &yaml, |_| None).expect_err("a reserved `into` is refused");
+        assert!(e.to_string().contains(&format!("`into: {reserved}`")), "{e}");
+    }
+}
+
+#[test]
+fn merge_emits_the_state_applies_each_increment_once_and_bounds_it() {
+    let (p, mut s, _tmp) = setup_with(ROUTES);
+    let rec = |line: &str, pad: usize| {
+        format!(
+            r#"{{"event_type":"cart.add","id":"K1","v":1,"line":"{line}","pad":"{}"}}"#,
+            "x".repeat(pad)
+        )
+    };
+    let Decision::Emit {
+        payload: Some(state),
+        output_key,
+        ..
+    } = run(&p, &mut s, rec("L1", 1).as_bytes()).decision
+    else {
+        panic!("first increment emits the merged state");
+    };
+    assert_eq!(output_key, "K1");
+    let v: Value = serde_json::from_slice(&state).expect("json");
+    assert_eq!(v["lines"][0]["line"], "L1");
+    assert!(matches!(
+        run(&p, &mut s, rec("L1", 1).as_bytes()).decision,
+        Decision::Duplicate { .. }
+    ));
+    assert_eq!(
+        reason(&run(&p, &mut s, rec("L2", 400).as_bytes())),
+        Some(Reason::StateTooLarge)
+    );
+    assert!(matches!(
+        run(&p, &mut s, rec("L3", 1).as_bytes()).decision,
+        Decision::Emit { .. }
+    ));
+}
