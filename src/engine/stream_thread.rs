@@ -31,6 +31,8 @@ const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
 /// How long opening a task waits for its directory lock (held by a standby being opened or a
 /// store still closing on this host) before the generation fails and retries.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// How often tasks are asked for periodic work (expiry, scans, store gauges): not per record.
+const HOUSEKEEPING: Duration = Duration::from_millis(100);
 
 /// Everything a stream thread needs, shared with the other threads of the instance.
 #[derive(Clone)]
@@ -97,6 +99,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         failure: None,
         to_open: Vec::new(),
         joined: false,
+        last_housekeeping: Instant::now(),
     };
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
@@ -125,8 +128,11 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             },
             None => {}
         }
-        st.tick(&consumer)?;
-        st.report_stores();
+        if st.last_housekeeping.elapsed() >= HOUSEKEEPING {
+            st.last_housekeeping = Instant::now();
+            st.tick(&consumer)?;
+            st.report_stores();
+        }
         if st.commit_due() {
             st.commit(&consumer)?;
         }
@@ -220,6 +226,8 @@ struct ThreadState {
     to_open: Vec<(String, i32)>,
     /// True once this generation got an assignment (counted in the instance's health).
     joined: bool,
+    /// When the tasks' periodic work was last looked at.
+    last_housekeeping: Instant,
 }
 
 impl Drop for ThreadState {
