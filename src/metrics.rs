@@ -42,6 +42,11 @@ pub struct Metrics {
     pub store_size: IntGaugeVec,
     /// Rebalance events seen by stream threads.
     pub rebalances: IntCounter,
+    /// Partitions of the consumed topics that no member of the stable group owns.
+    pub unowned_partitions: IntGauge,
+    /// Times a stream thread of this instance left and rejoined the group to get unowned
+    /// partitions assigned.
+    pub forced_rejoins: IntCounter,
     /// Dedup keys deleted by expiry, per pipeline.
     pub expired_keys: IntCounterVec,
     /// Events emitted pending-create, per pipeline.
@@ -142,6 +147,15 @@ impl Metrics {
         let transactions_committed = counter("transactions_committed_total", "Committed Kafka transactions")?;
         let transactions_aborted = counter("transactions_aborted_total", "Aborted Kafka transactions")?;
         let rebalances = counter("rebalances_total", "Partition assignment changes seen")?;
+        let forced_rejoins = counter(
+            "forced_rejoins_total",
+            "Group rejoins this instance made to get unowned partitions assigned",
+        )?;
+        let unowned_partitions = IntGauge::new(
+            "group_unowned_partitions",
+            "Partitions of the consumed topics no member of the stable group owns",
+        )?;
+        registry.register(Box::new(unowned_partitions.clone()))?;
         let commit_latency = Histogram::with_opts(
             HistogramOpts::new(
                 "commit_latency_seconds",
@@ -220,6 +234,8 @@ impl Metrics {
             store_keys,
             store_size,
             rebalances,
+            unowned_partitions,
+            forced_rejoins,
             expired_keys,
             pending_created,
             idmap_mappings,

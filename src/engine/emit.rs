@@ -49,6 +49,7 @@ pub struct Counts {
 }
 
 /// Why processing one record failed.
+#[derive(Debug)]
 pub enum ProcessError {
     /// A Kafka call failed; the caller classifies it.
     Kafka(KafkaError),

@@ -55,9 +55,17 @@ impl GroupView {
 
 /// The instance part of a stream thread's client id `<application_id>-<instance>-<thread>`.
 pub fn instance_of<'a>(application_id: &str, client_id: &'a str) -> Option<&'a str> {
+    member_of(application_id, client_id).map(|(instance, _)| instance)
+}
+
+/// The instance and thread index of a stream thread's client id `<application_id>-<instance>-<thread>`.
+pub fn member_of<'a>(application_id: &str, client_id: &'a str) -> Option<(&'a str, usize)> {
     let rest = client_id.strip_prefix(application_id)?.strip_prefix('-')?;
     let (instance, thread) = rest.rsplit_once('-')?;
-    (!instance.is_empty() && !thread.is_empty() && thread.bytes().all(|b| b.is_ascii_digit())).then_some(instance)
+    if instance.is_empty() || !thread.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((instance, thread.parse().ok()?))
 }
 
 /// Rendezvous (highest-random-weight) rank: stable per (task, instance), so adding or removing
@@ -163,6 +171,8 @@ mod tests {
         assert_eq!(instance_of("pay", "pay-a-12"), Some("a"));
         assert_eq!(instance_of("pay", "other-a-1"), None);
         assert_eq!(instance_of("pay", "pay-a-x"), None);
+        assert_eq!(instance_of("pay", "pay-a-"), None);
+        assert_eq!(member_of("pay", "pay-node-1-3"), Some(("node-1", 3)));
     }
 
     #[test]

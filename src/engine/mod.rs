@@ -5,6 +5,7 @@ pub mod clients;
 pub mod emit;
 pub mod errors;
 pub mod global;
+pub mod group_watch;
 pub mod health;
 pub mod layout;
 pub mod membership;
@@ -103,6 +104,20 @@ pub async fn run(
         .name("tally-standby".into())
         .spawn(move || standby::run(keeper))
         .context("cannot start the standby thread")?];
+    let rejoin = Arc::new(group_watch::RejoinRequests::new(topology.processing.threads));
+    let (t, id, r, m, sd) = (
+        topology.clone(),
+        instance_id.to_string(),
+        rejoin.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    handles.push(
+        std::thread::Builder::new()
+            .name("tally-group-watch".into())
+            .spawn(move || group_watch::run(t, id, r, m, sd))
+            .context("cannot start the group watch thread")?,
+    );
     for index in 0..topology.processing.threads {
         let cfg = stream_thread::ThreadConfig {
             topology: topology.clone(),
@@ -115,6 +130,7 @@ pub async fn run(
             global: global.clone(),
             health: health.clone(),
             standbys: standbys.clone(),
+            rejoin: rejoin.clone(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         let handle = std::thread::Builder::new()

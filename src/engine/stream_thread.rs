@@ -4,6 +4,7 @@
 use super::clients;
 use super::emit::{Counts, ProcessError};
 use super::errors::{classify, EngineError, ErrorClass};
+use super::group_watch::RejoinRequests;
 use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
@@ -33,6 +34,9 @@ const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// How often tasks are asked for periodic work (expiry, scans, store gauges): not per record.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
+/// Time between leaving the group (once every task is revoked) and joining it again, so the
+/// LeaveGroup request is answered before the JoinGroup goes out.
+const REJOIN_PAUSE: Duration = Duration::from_secs(1);
 
 /// Everything a stream thread needs, shared with the other threads of the instance.
 #[derive(Clone)]
@@ -57,6 +61,8 @@ pub struct ThreadConfig {
     pub health: Arc<super::health::Health>,
     /// Standby stores this instance holds, promoted when their task is assigned here.
     pub standbys: Arc<super::standby::Standbys>,
+    /// Set by the group watch when this thread should leave and rejoin the group.
+    pub rejoin: Arc<RejoinRequests>,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
@@ -113,6 +119,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing")))?;
     tracing::info!(thread = cfg.index, transactional_id = %txn_id, "stream thread started");
     let ctx = consumer.context();
+    let mut rejoin_at: Option<Instant> = None;
     while !cfg.shutdown.is_triggered() {
         let polled = consumer.poll(POLL);
         let mut st = lock(ctx)?;
@@ -135,6 +142,19 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         }
         if st.commit_due() {
             st.commit(&consumer)?;
+        }
+        if cfg.rejoin.take(cfg.index) && rejoin_at.is_none() {
+            // Unsubscribing revokes every task (committed in the callback) and then sends a
+            // LeaveGroup, static member or not; subscribing again joins as a new member.
+            consumer.unsubscribe();
+            rejoin_at = Some(Instant::now() + REJOIN_PAUSE);
+        }
+        if rejoin_at.is_some_and(|at| Instant::now() >= at && st.tasks.is_empty() && st.to_open.is_empty()) {
+            rejoin_at = None;
+            consumer
+                .subscribe(&topics)
+                .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing again after leaving the group")))?;
+            tracing::info!(thread = cfg.index, "left the group and joined it again");
         }
     }
     lock(ctx)?.commit(&consumer)?;
@@ -273,8 +293,16 @@ impl ThreadState {
         self.pending_records += 1;
         match task.process(msg, &mut self.producer) {
             Ok(()) => Ok(()),
-            Err(ProcessError::Engine(e)) => Err(e),
-            Err(ProcessError::Kafka(e)) => match classify(&e) {
+            Err(e) => self.process_failed(consumer, e),
+        }
+    }
+
+    /// A task could not write: a failed produce aborts the transaction and rewinds when Kafka
+    /// says that is enough; anything else ends the generation.
+    fn process_failed(&mut self, consumer: &BaseConsumer<StreamContext>, e: ProcessError) -> Result<(), EngineError> {
+        match e {
+            ProcessError::Engine(e) => Err(e),
+            ProcessError::Kafka(e) => match classify(&e) {
                 ErrorClass::Abortable | ErrorClass::Retriable => {
                     tracing::warn!(error = %e, "produce failed; aborting the transaction and rewinding");
                     self.abort_and_rewind(consumer)
@@ -419,6 +447,10 @@ impl ThreadState {
     fn commit(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
         if self.pending_since.is_none() && !self.producer.in_transaction() {
             return Ok(());
+        }
+        let flushed = self.tasks.values_mut().try_for_each(|t| t.flush(&mut self.producer));
+        if let Err(e) = flushed {
+            return self.process_failed(consumer, e);
         }
         let mut offsets = TopicPartitionList::new();
         for ((topic, partition), task) in &self.tasks {

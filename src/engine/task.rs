@@ -23,6 +23,10 @@ const EXPIRY_BATCH: usize = 10_000;
 pub trait Task: Send {
     /// Runs one consumed record.
     fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError>;
+    /// Before the commit: writes what the task held back during the transaction.
+    fn flush(&mut self, _producer: &mut TxnProducer) -> Result<(), ProcessError> {
+        Ok(())
+    }
     /// The offset to commit for this partition, when records were consumed in this transaction.
     fn next_offset(&self) -> Option<i64>;
     /// True for tasks reading a repartition topic (whose consumed records may be purged).

@@ -16,6 +16,7 @@ use crate::trace::{Status, FORMAT};
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::Message;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,7 +43,9 @@ pub struct OpenEvent {
 
 /// The fields of a trace record the reconciler reads.
 #[derive(Debug, Deserialize)]
-struct TraceIn {
+struct TraceIn<'a> {
+    #[serde(borrow)]
+    format: Cow<'a, str>,
     event_id: String,
     #[serde(default)]
     idempotency_key: Option<String>,
@@ -97,6 +100,18 @@ pub struct ReconcileTask {
     /// events age by (see `clock_ms`).
     stream_time: Option<(i64, Instant)>,
     next_offset: Option<i64>,
+    /// This transaction's changes to open events by event id, written to the store at flush:
+    /// an event opened and closed within one transaction (the usual case) never reaches the
+    /// store or its changelog.
+    txn: HashMap<Vec<u8>, Pending>,
+}
+
+/// An open event's state at the end of the transaction so far.
+struct Pending {
+    /// `None`: closed.
+    open: Option<OpenEvent>,
+    /// The store holds a committed entry for the event (closing it needs a tombstone).
+    stored: bool,
 }
 
 impl ReconcileTask {
@@ -130,6 +145,7 @@ impl ReconcileTask {
             last_scan: None,
             stream_time: None,
             next_offset: None,
+            txn: HashMap::new(),
         }
     }
 
@@ -145,10 +161,13 @@ impl ReconcileTask {
             .map_or(t.timestamp_ms, |(st, _)| st.max(t.timestamp_ms));
         self.stream_time = Some((newest, Instant::now()));
         let key = t.event_id.as_bytes();
-        let current = self.read(key)?;
+        let (current, stored) = match self.txn.remove(key) {
+            Some(p) => (p.open, p.stored),
+            None => self.stored_entry(key)?,
+        };
         if t.status.is_terminal() {
-            if current.is_some() {
-                self.store.delete(0, key);
+            if stored {
+                self.txn.insert(key.to_vec(), Pending { open: None, stored });
             }
             return Ok(Ok(()));
         }
@@ -167,26 +186,48 @@ impl ReconcileTask {
                 alerted: false,
             },
         };
-        self.write(key, &open)?;
+        self.txn.insert(
+            t.event_id.into_bytes(),
+            Pending {
+                open: Some(open),
+                stored,
+            },
+        );
         Ok(Ok(()))
     }
 
-    fn read(&self, key: &[u8]) -> Result<Option<OpenEvent>, ProcessError> {
+    /// The committed entry of an event, and whether there is one (readable or not).
+    fn stored_entry(&self, key: &[u8]) -> Result<(Option<OpenEvent>, bool), ProcessError> {
         let Some(bytes) = self.store.get(0, key).map_err(fatal)? else {
-            return Ok(None);
+            return Ok((None, false));
         };
         match codec::decode(&bytes) {
-            Ok(open) => Ok(Some(open)),
+            Ok(open) => Ok((Some(open), true)),
             Err(e) => {
                 // Written by a newer format: the next record for the event rewrites it.
                 tracing::warn!(error = %e, "unreadable open event in the reconciler store; treating it as absent");
-                Ok(None)
+                Ok((None, true))
             }
         }
     }
 
-    fn write(&mut self, key: &[u8], open: &OpenEvent) -> Result<(), ProcessError> {
-        self.store.put(0, key, codec::encode(open).map_err(fatal)?);
+    /// An event as this transaction sees it.
+    fn read(&self, key: &[u8]) -> Result<(Option<OpenEvent>, bool), ProcessError> {
+        match self.txn.get(key) {
+            Some(p) => Ok((p.open.clone(), p.stored)),
+            None => self.stored_entry(key),
+        }
+    }
+
+    /// Writes this transaction's changes to the store and queues them for the changelog.
+    fn write_pending(&mut self) -> Result<(), ProcessError> {
+        for (key, p) in std::mem::take(&mut self.txn) {
+            match p.open {
+                Some(open) => self.store.put(0, &key, codec::encode(&open).map_err(fatal)?),
+                None if p.stored => self.store.delete(0, &key),
+                None => {}
+            }
+        }
         Ok(())
     }
 
@@ -225,7 +266,7 @@ impl ReconcileTask {
         for (key, age) in to_alert {
             // The scan reads committed entries only: this transaction may have closed the event
             // since, and writing it back would reopen it for good.
-            let Some(mut open) = self.read(&key)? else {
+            let (Some(mut open), stored) = self.read(&key)? else {
                 report.open -= 1;
                 report.stuck -= 1;
                 continue;
@@ -266,11 +307,15 @@ impl ReconcileTask {
                     )
                 });
             open.alerted = true;
-            self.write(&key, &open)?;
+            self.txn.insert(
+                key.to_vec(),
+                Pending {
+                    open: Some(open),
+                    stored,
+                },
+            );
             report.alerted += 1;
         }
-        self.emit
-            .changes(producer, &self.changelogs, self.store.take_changes())?;
         Ok(report)
     }
 
@@ -288,16 +333,23 @@ impl ReconcileTask {
 
 /// Parses a trace record: `Ok(None)` for formats this version does not know (other writers'
 /// business: skipped, not errors), `Err` for records that are not trace records at all.
-fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn>, Rejection> {
+fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn<'_>>, Rejection> {
     let bytes = payload.ok_or_else(|| Rejection::new(Reason::InvalidJson, "trace record without a value"))?;
+    // One pass for the usual record; only one that does not fit is looked at again, to tell
+    // another format (skipped) from a broken record of ours (dead-lettered).
+    let typed_error = match serde_json::from_slice::<TraceIn>(bytes) {
+        Ok(t) => return Ok((t.format == FORMAT).then_some(t)),
+        Err(e) => e,
+    };
     let value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| Rejection::new(Reason::InvalidJson, format!("trace record is not JSON: {e}")))?;
     if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
         return Ok(None);
     }
-    serde_json::from_value(value)
-        .map(Some)
-        .map_err(|e| Rejection::new(Reason::MissingKeyField, format!("not a {FORMAT} record: {e}")))
+    Err(Rejection::new(
+        Reason::MissingKeyField,
+        format!("not a {FORMAT} record: {typed_error}"),
+    ))
 }
 
 fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
@@ -316,10 +368,13 @@ impl Task for ReconcileTask {
             let place = crate::engine::emit::SourcePlace::of(msg);
             self.emit.dead_letter(producer, msg, &place, &processed)?;
         }
-        self.emit
-            .changes(producer, &self.changelogs, self.store.take_changes())?;
         self.next_offset = Some(msg.offset() + 1);
         Ok(())
+    }
+
+    fn flush(&mut self, producer: &mut TxnProducer) -> Result<(), ProcessError> {
+        self.write_pending()?;
+        self.emit.changes(producer, &self.changelogs, self.store.take_changes())
     }
 
     fn next_offset(&self) -> Option<i64> {
@@ -342,6 +397,7 @@ impl Task for ReconcileTask {
     }
 
     fn aborted(&mut self) {
+        self.txn.clear();
         self.store.abort();
         self.next_offset = None;
         self.emit.counts = Counts::default();
@@ -421,7 +477,7 @@ mod tests {
     }
 
     fn open(t: &ReconcileTask, event: &str) -> Option<OpenEvent> {
-        t.read(event.as_bytes()).ok().flatten()
+        t.read(event.as_bytes()).ok().and_then(|(open, _)| open)
     }
 
     #[test]
@@ -455,8 +511,47 @@ mod tests {
             Some(false),
             "a v1 record without its fields is rejected"
         );
+        t.write_pending().expect("writes");
         let changes = t.store.take_changes();
-        assert_eq!(changes.len(), 3, "put, put, tombstone go to the changelog: {changes:?}");
-        assert_eq!(changes[2].value, None);
+        assert!(
+            changes.is_empty(),
+            "opened and closed in one transaction: nothing for the store or its changelog: {changes:?}"
+        );
+
+        assert_eq!(apply(&mut t, &record("e3", "RECEIVED", 400)), Some(true));
+        assert_eq!(apply(&mut t, &record("e3", "PROCESSING", 450)), Some(true));
+        t.write_pending().expect("writes");
+        let changes = t.store.take_changes();
+        assert_eq!(
+            changes.len(),
+            1,
+            "one put for the event's state at the end: {changes:?}"
+        );
+        t.store.commit(&[]).expect("commits");
+        assert_eq!(open(&t, "e3").map(|o| o.status), Some(Status::Processing));
+        assert_eq!(apply(&mut t, &record("e3", "COMPLETED", 500)), Some(true));
+        assert_eq!(
+            open(&t, "e3"),
+            None,
+            "closed in the transaction, before the store knows"
+        );
+        t.write_pending().expect("writes");
+        let changes = t.store.take_changes();
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0].value, None, "a committed event is closed with a tombstone");
+    }
+
+    #[test]
+    fn an_aborted_transaction_forgets_its_open_events() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut t = task(tmp.path());
+        t.apply(Some(&record("e1", "RECEIVED", 100)))
+            .expect("applies")
+            .expect("valid");
+        assert!(open(&t, "e1").is_some());
+        Task::aborted(&mut t);
+        assert_eq!(open(&t, "e1"), None);
+        t.write_pending().expect("writes");
+        assert!(t.store.take_changes().is_empty());
     }
 }

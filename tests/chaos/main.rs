@@ -7,8 +7,11 @@
 //! (6), TALLY_CHAOS_SCALES (3 → 1 → 3 cycles, 1), TALLY_CHAOS_BROKER_RESTARTS (1; the first is
 //! a SIGKILL, then SIGTERM and SIGKILL alternate), TALLY_CHAOS_STATE_LOSSES (1),
 //! TALLY_CHAOS_SEED (2026), TALLY_CHAOS_RECONCILE_THRESHOLD and TALLY_CHAOS_RECONCILE_SCAN
-//! (the live reconciler's alert threshold and scan interval, 30s and 1s). Broker restarts go through `deploy/local/kafka` with this process's
-//! environment, so the broker at KAFKA_BOOTSTRAP must be the one it manages.
+//! (the live reconciler's alert threshold and scan interval, 30s and 1s). For diagnosis,
+//! TALLY_CHAOS_KAFKA_DEBUG sets librdkafka's `debug` (e.g. `cgrp`) and TALLY_CHAOS_RUST_LOG the
+//! instances' log filter (e.g. `info,librdkafka=debug`). Broker restarts go through
+//! `deploy/local/kafka` with this process's environment, so the broker at KAFKA_BOOTSTRAP must be
+//! the one it manages.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -156,7 +159,7 @@ fn topology_yaml(app: &str, t: &Topics, alerts: &str, max_bytes: usize) -> Strin
 application_id: {app}
 kafka:
   bootstrap_servers: "{bootstrap}"
-  properties: {{ session.timeout.ms: 6000, heartbeat.interval.ms: 1000 }}
+  properties: {{ session.timeout.ms: 6000, heartbeat.interval.ms: 1000{debug} }}
 # Static membership: a killed instance restarted within the session timeout gets its own tasks
 # back and resumes from its own stores, the case that exposes a store running ahead of its
 # committed changelog.
@@ -203,6 +206,9 @@ trace: {{ topic: {trace}, level: all }}
 reconcile: {{ alerts_topic: {alerts}, scan_interval: {scan}, threshold: {threshold} }}
 "#,
         bootstrap = bootstrap(),
+        debug = std::env::var("TALLY_CHAOS_KAFKA_DEBUG")
+            .map(|d| format!(", debug: {d}"))
+            .unwrap_or_default(),
         in0 = t.inputs[0],
         in1 = t.inputs[1],
         in2 = t.inputs[2],
