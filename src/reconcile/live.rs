@@ -23,6 +23,12 @@ use std::time::Instant;
 
 /// Format tag of alert records.
 pub const ALERT_FORMAT: &str = "tally.alert/v1";
+/// Most alert records one scan writes, so a flood (a downstream system down for hours) never
+/// makes one huge transaction; the rest follow at the next scans.
+const ALERTS_PER_SCAN: u64 = 10_000;
+/// Store entries one housekeeping tick looks at: a pass over a large store takes several ticks
+/// instead of stalling the stream thread (its records wait while a task does periodic work).
+const SCAN_BATCH: usize = 20_000;
 
 /// An event seen open on the trace topic, as stored (keyed by event id).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +91,22 @@ pub struct ScanReport {
     pub alerted: u64,
 }
 
+/// A scan pass under way: where it stopped and what it has counted so far.
+#[derive(Default)]
+struct Pass {
+    /// The last key looked at.
+    cursor: Option<Vec<u8>>,
+    report: ScanReport,
+}
+
+/// What one step of a scan pass found.
+struct Step {
+    /// The pass's report, when the step reached the end of the store.
+    report: Option<ScanReport>,
+    /// Events that became stuck: key, state (already marked alerted), age.
+    stuck: Vec<(Vec<u8>, OpenEvent, i64)>,
+}
+
 /// One trace-topic partition's open events.
 pub struct ReconcileTask {
     /// `reconcile-<partition>`, the `task` label of the gauges.
@@ -95,7 +117,10 @@ pub struct ReconcileTask {
     changelogs: Vec<String>,
     emit: Emitter,
     metrics: Arc<Metrics>,
+    /// When the last scan pass ended.
     last_scan: Option<Instant>,
+    /// The scan pass under way.
+    pass: Option<Pass>,
     /// The newest `timestamp_ms` read from the partition, and when it was read: the clock
     /// events age by (see `clock_ms`).
     stream_time: Option<(i64, Instant)>,
@@ -143,6 +168,7 @@ impl ReconcileTask {
             emit,
             metrics,
             last_scan: None,
+            pass: None,
             stream_time: None,
             next_offset: None,
             txn: HashMap::new(),
@@ -242,39 +268,78 @@ impl ReconcileTask {
         }
     }
 
-    /// Reports the events open longer than the threshold at `clock_ms` (see `clock_ms`),
-    /// alerting once per event; `now_ms` stamps the alerts.
-    pub fn scan(&mut self, clock_ms: i64, now_ms: i64, producer: &mut TxnProducer) -> Result<ScanReport, ProcessError> {
+    /// Works through the next `batch` committed entries of the scan pass under way (starting
+    /// one when none is), so a large store never stalls the stream thread: the pass's report
+    /// once it has reached the end, and the events that became stuck (open longer than the
+    /// threshold at `clock_ms`, see `clock_ms`), marked alerted in this transaction.
+    fn scan_step(&mut self, clock_ms: i64, batch: usize) -> Result<Step, ProcessError> {
         let threshold_ms = self.settings.threshold.as_millis() as i64;
-        let mut report = ScanReport::default();
-        let mut to_alert = Vec::new();
-        for entry in self.store.scan(0).map_err(fatal)? {
+        let mut pass = self.pass.take().unwrap_or_default();
+        let mut candidates = Vec::new();
+        let mut last = None;
+        let mut seen = 0;
+        for entry in self.store.scan_after(0, pass.cursor.as_deref()).map_err(fatal)? {
+            if seen == batch {
+                break;
+            }
             let (key, value) = entry.map_err(fatal)?;
-            let Ok(open) = codec::decode::<OpenEvent>(&value) else {
-                continue;
-            };
-            let age = clock_ms.saturating_sub(open.first_seen_ms);
-            report.open += 1;
-            report.oldest_age_ms = report.oldest_age_ms.max(age);
-            if age >= threshold_ms {
-                report.stuck += 1;
-                if !open.alerted {
-                    to_alert.push((key, age));
+            seen += 1;
+            if let Ok(open) = codec::decode::<OpenEvent>(&value) {
+                let age = clock_ms.saturating_sub(open.first_seen_ms);
+                pass.report.open += 1;
+                pass.report.oldest_age_ms = pass.report.oldest_age_ms.max(age);
+                if age >= threshold_ms {
+                    pass.report.stuck += 1;
+                    if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
+                        candidates.push((key.to_vec(), age));
+                    }
                 }
             }
+            last = Some(key);
         }
-        for (key, age) in to_alert {
+        let mut stuck = Vec::new();
+        for (key, age) in candidates {
             // The scan reads committed entries only: this transaction may have closed the event
             // since, and writing it back would reopen it for good.
             let (Some(mut open), stored) = self.read(&key)? else {
-                report.open -= 1;
-                report.stuck -= 1;
+                pass.report.open -= 1;
+                pass.report.stuck -= 1;
                 continue;
             };
             if open.alerted {
                 continue;
             }
-            let event_id = String::from_utf8_lossy(&key);
+            open.alerted = true;
+            stuck.push((key.clone(), open.clone(), age));
+            self.txn.insert(
+                key,
+                Pending {
+                    open: Some(open),
+                    stored,
+                },
+            );
+            pass.report.alerted += 1;
+        }
+        let report = if seen < batch {
+            Some(pass.report)
+        } else {
+            pass.cursor = last.map(|k| k.to_vec());
+            self.pass = Some(pass);
+            None
+        };
+        Ok(Step { report, stuck })
+    }
+
+    /// Writes an alert record and a warning line for each newly stuck event.
+    fn alert(
+        &self,
+        stuck: &[(Vec<u8>, OpenEvent, i64)],
+        now_ms: i64,
+        producer: &mut TxnProducer,
+    ) -> Result<(), ProcessError> {
+        let threshold_ms = self.settings.threshold.as_millis() as u64;
+        for (key, open, age) in stuck {
+            let event_id = String::from_utf8_lossy(key);
             let alert = Alert {
                 format: ALERT_FORMAT,
                 kind: "stuck_event",
@@ -284,15 +349,15 @@ impl ReconcileTask {
                 node: &open.node,
                 status: open.status,
                 first_seen_ms: open.first_seen_ms,
-                age_ms: age,
-                threshold_ms: threshold_ms as u64,
+                age_ms: *age,
+                threshold_ms,
                 detected_ms: now_ms,
             };
             let payload = serde_json::to_vec(&alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
             let out = Outgoing {
                 topic: &self.settings.alerts_topic,
                 partition: None,
-                key: Some(&key),
+                key: Some(key),
                 payload: Some(&payload),
                 headers: OwnedHeaders::new().insert(header("correlation_id", &open.correlation_id)),
             };
@@ -306,17 +371,8 @@ impl ReconcileTask {
                         "event received but not completed after the threshold"
                     )
                 });
-            open.alerted = true;
-            self.txn.insert(
-                key.to_vec(),
-                Pending {
-                    open: Some(open),
-                    stored,
-                },
-            );
-            report.alerted += 1;
         }
-        Ok(report)
+        Ok(())
     }
 
     fn publish(&self, r: &ScanReport) {
@@ -404,16 +460,21 @@ impl Task for ReconcileTask {
     }
 
     fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
-        if self
-            .last_scan
-            .is_some_and(|s| s.elapsed() < self.settings.scan_interval)
+        // A pass under way goes on at every tick; the next starts a scan interval after the last ended.
+        if self.pass.is_none()
+            && self
+                .last_scan
+                .is_some_and(|s| s.elapsed() < self.settings.scan_interval)
         {
             return Ok(false);
         }
-        self.last_scan = Some(Instant::now());
-        let report = self.scan(self.clock_ms(now_ms), now_ms, producer)?;
-        self.publish(&report);
-        Ok(report.alerted > 0)
+        let step = self.scan_step(self.clock_ms(now_ms), SCAN_BATCH)?;
+        self.alert(&step.stuck, now_ms, producer)?;
+        if let Some(report) = step.report {
+            self.publish(&report);
+            self.last_scan = Some(Instant::now());
+        }
+        Ok(!step.stuck.is_empty())
     }
 
     fn report_stores(&mut self, _metrics: &Metrics) {
@@ -539,6 +600,40 @@ mod tests {
         let changes = t.store.take_changes();
         assert_eq!(changes.len(), 1, "{changes:?}");
         assert_eq!(changes[0].value, None, "a committed event is closed with a tombstone");
+    }
+
+    #[test]
+    fn scans_go_through_a_large_store_in_steps_and_alert_each_stuck_event_once() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut t = task(tmp.path());
+        for (i, at) in [1_000, 2_000, 3_000, 4_000, 95_000].into_iter().enumerate() {
+            let r = record(&format!("e{i}"), "RECEIVED", at);
+            t.apply(Some(&r)).expect("applies").expect("valid");
+        }
+        t.write_pending().expect("writes");
+        t.store.take_changes();
+        t.store.commit(&[]).expect("commits");
+        // Threshold 10 s at clock 100 s: four of the five are stuck.
+        let mut stuck = 0;
+        let mut steps = 0;
+        let report = loop {
+            let step = t.scan_step(100_000, 2).expect("steps");
+            steps += 1;
+            stuck += step.stuck.len();
+            assert!(step.stuck.iter().all(|(_, o, _)| o.alerted));
+            if let Some(r) = step.report {
+                break r;
+            }
+        };
+        assert_eq!(steps, 3, "two entries per step over five entries");
+        assert_eq!((report.open, report.stuck, report.alerted, stuck), (5, 4, 4, 4));
+        assert_eq!(report.oldest_age_ms, 99_000);
+        t.write_pending().expect("writes");
+        t.store.take_changes();
+        t.store.commit(&[]).expect("commits");
+        let again = t.scan_step(100_000, 100).expect("steps");
+        assert!(again.stuck.is_empty(), "alerted once only");
+        assert_eq!(again.report.map(|r| (r.open, r.stuck, r.alerted)), Some((5, 4, 0)));
     }
 
     #[test]

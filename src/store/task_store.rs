@@ -283,11 +283,26 @@ impl TaskStore {
 
     /// Committed entries of a store in key order (the overlay is not included).
     pub fn scan(&self, store: usize) -> Result<impl Iterator<Item = Result<Entry, StoreError>> + '_, StoreError> {
+        self.scan_after(store, None)
+    }
+
+    /// Committed entries with keys after `after` (all when `None`), in key order: a long scan
+    /// resumed in steps.
+    pub fn scan_after<'a>(
+        &'a self,
+        store: usize,
+        after: Option<&'a [u8]>,
+    ) -> Result<impl Iterator<Item = Result<Entry, StoreError>> + 'a, StoreError> {
         let cf = self.cf(&self.names[store])?;
+        let mode = match after {
+            None => IteratorMode::Start,
+            Some(key) => IteratorMode::From(key, Direction::Forward),
+        };
         Ok(self
             .db
-            .iterator_cf(cf, IteratorMode::Start)
-            .map(|item| item.map_err(|e| self.rocks(e))))
+            .iterator_cf(cf, mode)
+            .map(|item| item.map_err(|e| self.rocks(e)))
+            .filter(move |item| !matches!((item, after), (Ok((k, _)), Some(a)) if &k[..] == a)))
     }
 }
 
@@ -348,7 +363,15 @@ mod tests {
         ];
         s.apply_restored(0, &records, 99).expect("applies");
         assert_eq!(s.scan(0).expect("scan").count(), 1);
-        assert_eq!(s.changelog_offset(0).expect("reads"), Some(99));
+        s.apply_restored(0, &[(b"z".to_vec(), Some(vec![9]))], 100)
+            .expect("applies");
+        let after_y: Vec<Vec<u8>> = s
+            .scan_after(0, Some(b"y"))
+            .expect("scan")
+            .map(|e| e.expect("entry").0.to_vec())
+            .collect();
+        assert_eq!(after_y, vec![b"z".to_vec()], "strictly after the key");
+        assert_eq!(s.changelog_offset(0).expect("reads"), Some(100));
         assert!(s.has_data(0).expect("reads"));
         s.wipe(0).expect("wipes");
         assert!(!s.has_data(0).expect("reads"));
