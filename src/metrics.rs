@@ -166,7 +166,7 @@ impl Metrics {
         registry.register(Box::new(commit_latency.clone()))?;
         let restore_remaining = IntGaugeVec::new(
             Opts::new("restore_remaining_records", "Changelog records still to restore"),
-            &["store"],
+            &["store", "partition"],
         )?;
         registry.register(Box::new(restore_remaining.clone()))?;
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| -> prometheus::Result<IntGaugeVec> {

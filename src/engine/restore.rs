@@ -42,7 +42,10 @@ pub fn restore(
         .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
     let (from_offset, wiped) = resume_point(store, index, partition, low)?;
     let mut restored = 0u64;
-    let remaining = metrics.restore_remaining.with_label_values(&[&name]);
+    // Per partition: tasks of one store restoring at once (several threads) each have their own.
+    let remaining = metrics
+        .restore_remaining
+        .with_label_values(&[name.as_str(), partition.to_string().as_str()]);
     remaining.set(high.saturating_sub(from_offset));
     let mut last_progress = Instant::now();
     if high > from_offset {
