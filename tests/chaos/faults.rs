@@ -91,11 +91,19 @@ impl Cluster {
     }
 
     /// The reconciler's open-event gauge summed over the instances' `/metrics`, polled until
-    /// all `tasks` reconciler tasks report and the sum is 0, or it has not fallen for `stall`
-    /// (the reconciler reads the trace topic behind the pipelines; it may still be catching
-    /// up when they are done): (sum, tasks reporting).
-    pub fn reconciler_open_events(&self, tasks: usize, stall: Duration) -> (i64, usize) {
+    /// all `tasks` reconciler tasks report and the sum is 0, or for `stall` neither the sum has
+    /// fallen nor `progress` (the group's committed position on the trace topic) has grown: the
+    /// reconciler reads the trace topic behind the pipelines and may still be catching up when
+    /// they are done, its open count rising while it reads openings. Returns (sum, tasks
+    /// reporting).
+    pub fn reconciler_open_events(
+        &self,
+        tasks: usize,
+        stall: Duration,
+        mut progress: impl FnMut() -> i64,
+    ) -> (i64, usize) {
         let (mut lowest, mut deadline) = (i64::MAX, Instant::now() + stall);
+        let mut position = progress();
         loop {
             let mut gauges: HashMap<String, i64> = HashMap::new();
             for addr in &self.http {
@@ -110,6 +118,10 @@ impl Cluster {
             let sum = gauges.values().sum();
             if gauges.len() >= tasks && sum < lowest {
                 (lowest, deadline) = (sum, Instant::now() + stall);
+            }
+            let now_at = progress();
+            if now_at > position {
+                (position, deadline) = (now_at, Instant::now() + stall);
             }
             if (gauges.len() >= tasks && sum == 0) || Instant::now() >= deadline {
                 return (sum, gauges.len());

@@ -23,7 +23,7 @@ use common::*;
 use faults::{Cluster, Fault, Plan};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rdkafka::consumer::BaseConsumer;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::Message;
 use std::time::{Duration, Instant};
 use verifier::{Topics, PIPELINES};
@@ -103,7 +103,9 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     );
     cluster.check_alive();
     // The live reconciler's view of the same thing: its open-event gauge drains to zero.
-    let (open, reporting) = cluster.reconciler_open_events(TRACE_PARTITIONS as usize, Duration::from_secs(60));
+    let position = group_position(&names.app, &topics.trace);
+    let (open, reporting) =
+        cluster.reconciler_open_events(TRACE_PARTITIONS as usize, Duration::from_secs(60), position);
     eprintln!(
         "[{:>6.1}s] reconciler: {open} open events over {reporting} tasks",
         started.elapsed().as_secs_f64()
@@ -220,6 +222,33 @@ reconcile: {{ alerts_topic: {alerts}, scan_interval: {scan}, threshold: {thresho
         threshold = std::env::var("TALLY_CHAOS_RECONCILE_THRESHOLD").unwrap_or_else(|_| "30s".into()),
         scan = std::env::var("TALLY_CHAOS_RECONCILE_SCAN").unwrap_or_else(|_| "1s".into()),
     )
+}
+
+/// The group's committed offsets on `topic` summed over its partitions, read with a client
+/// that never joins the group (an OffsetFetch): how far the reconciler has read.
+fn group_position(group: &str, topic: &str) -> impl FnMut() -> i64 {
+    let client: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("offsets client");
+    let mut partitions = rdkafka::TopicPartitionList::new();
+    for p in 0..TRACE_PARTITIONS {
+        partitions.add_partition(topic, p);
+    }
+    move || {
+        client
+            .committed_offsets(partitions.clone(), Duration::from_secs(10))
+            .map(|c| {
+                c.elements()
+                    .iter()
+                    .filter_map(|e| e.offset().to_raw())
+                    .filter(|o| *o > 0)
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
 }
 
 /// Waits until the trace topic holds a terminal record for every input record, or none arrived
