@@ -4,8 +4,8 @@ mod common;
 
 use common::*;
 use rdkafka::Message;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
 use tally::demo::generator;
 
 /// Asserts the output holds every expected business key exactly once and nothing else.
@@ -172,6 +172,19 @@ fn sigkill_mid_run_then_restart_loses_nothing_and_restores_only_the_tail() {
     let target = gen.expected_keys.len() / 5;
     let got = wait_for_count(&names.output, target, Duration::from_secs(120));
     assert!(got >= target, "first run made progress ({got})");
+    // Each stateful task must have committed before the kill for the restore assertions below
+    // (a task with nothing committed restores from the start, rightly): outputs are keyed like
+    // the repartition topic, so output partition p comes from task p.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read_committed(&names.output, 0, Duration::from_secs(2))
+        .iter()
+        .map(|m| m.partition())
+        .collect::<HashSet<_>>()
+        .len()
+        < 3
+    {
+        assert!(Instant::now() < deadline, "every task committed outputs within 60 s");
+    }
     first.kill();
     let partial = read_committed(&names.output, 0, Duration::from_secs(10)).len();
     assert!(partial < gen.expected_keys.len(), "killed before the end ({partial})");
