@@ -323,10 +323,7 @@ impl ThreadState {
             .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
         let name = pipeline.task_name(partition);
         let work = match (stage, &pipeline.repartition) {
-            (Stage::Repartition, Some(r)) => Work::Repartition {
-                key: r.key.clone(),
-                topic: r.topic.clone(),
-            },
+            (Stage::Repartition, Some(r)) => Work::Repartition { topic: r.topic.clone() },
             _ => {
                 let layout = TaskLayout::of(t, topic, partition)
                     .ok_or_else(|| EngineError::Fatal(anyhow!("task {name} keeps no state")))?;
