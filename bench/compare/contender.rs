@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 pub enum Contender {
     /// Raw rdkafka consume → produce, no state, at least once (`bench/passthrough.rs`).
     Ceiling,
+    /// The same passthrough doing two hops (input → middle topic → output) in one thread, as
+    /// tally and Kafka Streams do with their repartition topic.
+    CeilingTwoHop,
     /// `tally run` on the example topology, exactly once.
     Tally,
     /// The Kafka Streams app of `bench/kstreams`, exactly_once_v2.
@@ -23,16 +26,27 @@ impl Contender {
     pub fn name(self) -> &'static str {
         match self {
             Contender::Ceiling => "ceiling",
+            Contender::CeilingTwoHop => "ceiling-2hop",
             Contender::Tally => "tally",
             Contender::KStreams => "kstreams",
         }
     }
 
+    /// True for the raw passthroughs (no state, every record copied).
+    pub fn is_ceiling(self) -> bool {
+        matches!(self, Contender::Ceiling | Contender::CeilingTwoHop)
+    }
+
     /// Parses a name from `TALLY_BENCH_CONTENDERS`.
     pub fn parse(s: &str) -> Option<Self> {
-        [Contender::Ceiling, Contender::Tally, Contender::KStreams]
-            .into_iter()
-            .find(|c| c.name() == s)
+        [
+            Contender::Ceiling,
+            Contender::CeilingTwoHop,
+            Contender::Tally,
+            Contender::KStreams,
+        ]
+        .into_iter()
+        .find(|c| c.name() == s)
     }
 }
 
@@ -67,11 +81,13 @@ impl Programs {
             Ok(())
         };
         need(Contender::Tally, self.tally.clone(), "cargo build --release")?;
-        need(
-            Contender::Ceiling,
-            self.passthrough.clone(),
-            "cargo build --release --example passthrough",
-        )?;
+        for c in [Contender::Ceiling, Contender::CeilingTwoHop] {
+            need(
+                c,
+                self.passthrough.clone(),
+                "cargo build --release --example passthrough",
+            )?;
+        }
         need(
             Contender::KStreams,
             self.repo.join("bench/kstreams/target/tally-kstreams-bench.jar"),
@@ -91,6 +107,8 @@ pub struct RunNames {
     pub output: String,
     /// Dead-letter topic.
     pub dlq: String,
+    /// The two-hop ceiling's middle topic.
+    pub middle: String,
 }
 
 impl RunNames {
@@ -100,6 +118,7 @@ impl RunNames {
         Self {
             output: format!("{app}-out"),
             dlq: format!("{app}-dlq"),
+            middle: format!("{app}-mid"),
             input: input.to_string(),
             app,
         }
@@ -132,6 +151,17 @@ pub fn start(
         Contender::Ceiling => {
             let mut cmd = Command::new(&programs.passthrough);
             cmd.args([&kafka::bootstrap(), &names.app, &names.input, &names.output]);
+            cmd
+        }
+        Contender::CeilingTwoHop => {
+            let mut cmd = Command::new(&programs.passthrough);
+            cmd.args([
+                &kafka::bootstrap(),
+                &names.app,
+                &names.input,
+                &names.output,
+                &names.middle,
+            ]);
             cmd
         }
         Contender::Tally => {

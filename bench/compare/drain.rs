@@ -50,14 +50,14 @@ pub struct Drain<'a> {
 /// Runs `c` once over the preloaded input as run `id`.
 pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: &Path) -> Result<Sample> {
     let names = RunNames::new(id, d.input);
-    kafka::create_topics(&[(&names.output, d.partitions), (&names.dlq, 1)], &[])?;
+    let mut topics = vec![(names.output.as_str(), d.partitions), (names.dlq.as_str(), 1)];
+    if c == Contender::CeilingTwoHop {
+        topics.push((names.middle.as_str(), d.partitions));
+    }
+    kafka::create_topics(&topics, &[])?;
     let reader = kafka::committed_reader(&names.output, d.partitions)?;
     // The ceiling copies every record; the stateful contenders drop duplicates and stale versions.
-    let expected = if c == Contender::Ceiling {
-        d.records
-    } else {
-        d.expected_outputs
-    };
+    let expected = if c.is_ceiling() { d.records } else { d.expected_outputs };
     let started = Instant::now();
     let mut proc = contender::start(c, d.workload.topology, &names, d.partitions, programs, log_dir)?;
     let mut seen = 0usize;
@@ -98,7 +98,7 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
     proc.stop()?;
     let (first_at, first_usage) = first.context("no output seen")?;
     let window = done.duration_since(first_at).as_secs_f64().max(1e-3);
-    let changelog_bytes_per_record = if c == Contender::Ceiling {
+    let changelog_bytes_per_record = if c.is_ceiling() {
         None
     } else {
         let changelogs: Vec<String> = kafka::topics_with_prefix(&names.app)?

@@ -54,6 +54,9 @@ pub fn run(
     let append_time = [("message.timestamp.type", "LogAppendTime")];
     kafka::create_topics(&[(&input, partitions), (&names.output, partitions)], &append_time)?;
     kafka::create_topics(&[(&names.dlq, 1)], &[])?;
+    if c == Contender::CeilingTwoHop {
+        kafka::create_topics(&[(&names.middle, partitions)], &[])?;
+    }
     let measured = (rate * secs as f64) as usize;
     let total = WARMUP + measured;
     let count = Arc::new(AtomicUsize::new(0));

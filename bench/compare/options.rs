@@ -17,7 +17,7 @@ pub struct Options {
     pub partitions: i32,
     /// Workloads (`TALLY_BENCH_WORKLOADS`: `all`, `none` or comma-separated names, default all).
     pub workloads: Vec<Workload>,
-    /// Contenders in run order (`TALLY_BENCH_CONTENDERS`, `ceiling,tally,kstreams`).
+    /// Contenders in run order (`TALLY_BENCH_CONTENDERS`, `ceiling,ceiling-2hop,tally,kstreams`).
     pub contenders: Vec<Contender>,
     /// Seconds of paced input per latency run, 0 skips (`TALLY_BENCH_LATENCY_SECS`, 20).
     pub latency_secs: u64,
@@ -74,12 +74,17 @@ impl Options {
                 .collect::<Result<_>>()?,
         };
         let contenders = match var("TALLY_BENCH_CONTENDERS") {
-            None => vec![Contender::Ceiling, Contender::Tally, Contender::KStreams],
+            None => vec![
+                Contender::Ceiling,
+                Contender::CeilingTwoHop,
+                Contender::Tally,
+                Contender::KStreams,
+            ],
             Some(list) => list
                 .split(',')
                 .map(|n| {
                     Contender::parse(n.trim()).with_context(|| {
-                        format!("unknown contender `{n}` in TALLY_BENCH_CONTENDERS (ceiling, tally, kstreams)")
+                        format!("unknown contender `{n}` in TALLY_BENCH_CONTENDERS (ceiling, ceiling-2hop, tally, kstreams)")
                     })
                 })
                 .collect::<Result<_>>()?,

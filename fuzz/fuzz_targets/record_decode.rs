@@ -83,8 +83,8 @@ fuzz_target!(|data: &[u8]| {
                 // An hour apart, so short retentions can expire within one input.
                 now_ms: 1_700_000_000_000 + offset * 3_600_000,
             };
-            if let Some(repartition) = &stage.processor.pipeline().repartition {
-                let _ = stage.processor.rekey(&repartition.key, &input);
+            if stage.processor.pipeline().repartition.is_some() {
+                let _ = stage.processor.rekey(&input, true);
             }
             let processed = stage
                 .processor

@@ -72,6 +72,8 @@ fn log_totals(t: &Topology, metrics: &Metrics) {
         dead_letter_reasons = %reasons.join(","),
         idmap_mappings = metrics.idmap_mappings.get(),
         idmap_pending = metrics.idmap_pending.get(),
+        transactions = metrics.transactions_committed.get(),
+        commit_seconds = format!("{:.3}", metrics.commit_latency.get_sample_sum()),
         "tally stopped"
     );
 }

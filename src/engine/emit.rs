@@ -70,11 +70,20 @@ pub struct SourcePlace {
 impl SourcePlace {
     /// The place a consumed record stands for: its own, or the one its headers carry.
     pub fn of(msg: &BorrowedMessage<'_>) -> Self {
-        match (
-            header_text(msg, SOURCE_TOPIC_HEADER),
-            header_text(msg, SOURCE_PARTITION_HEADER),
-            header_text(msg, SOURCE_OFFSET_HEADER),
-        ) {
+        let (mut topic, mut partition, mut offset) = (None, None, None);
+        for h in msg.headers().iter().flat_map(|hs| hs.iter()) {
+            let slot = match h.key {
+                SOURCE_TOPIC_HEADER => &mut topic,
+                SOURCE_PARTITION_HEADER => &mut partition,
+                SOURCE_OFFSET_HEADER => &mut offset,
+                _ => continue,
+            };
+            // The first occurrence decides, as for every header tally reads.
+            if slot.is_none() {
+                *slot = Some(h.value.and_then(|v| std::str::from_utf8(v).ok()));
+            }
+        }
+        match (topic.flatten(), partition.flatten(), offset.flatten()) {
             (Some(t), Some(p), Some(o)) => Self {
                 topic: t.into(),
                 partition: p.into(),
@@ -161,11 +170,9 @@ impl Emitter {
         &mut self,
         producer: &mut TxnProducer,
         msg: &BorrowedMessage<'_>,
-        place: &SourcePlace,
         processed: &Processed,
         now_ms: i64,
     ) -> Result<(), ProcessError> {
-        let event_id = place.event_id();
         let corr = processed.correlation_id.as_str();
         let (key, status, outcome) = match &processed.decision {
             Decision::Emit {
@@ -253,10 +260,14 @@ impl Emitter {
                 )
             }
             Decision::Reject(_) => {
-                self.dead_letter(producer, msg, place, processed)?;
+                self.dead_letter(producer, msg, &SourcePlace::of(msg), processed)?;
                 (None, Status::Failed, Some(Outcome::DeadLetter))
             }
         };
+        if self.trace.is_none() {
+            return Ok(());
+        }
+        let event_id = SourcePlace::of(msg).event_id();
         self.trace(producer, &event_id, key, corr, status, outcome)
     }
 

@@ -9,7 +9,7 @@ use crate::metrics::Metrics;
 use crate::processors::dedup;
 use crate::processors::{Input, PipelineProcessor};
 use crate::store::TaskStore;
-use crate::topology::{KeyTemplate, StoreKind};
+use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
@@ -48,10 +48,9 @@ pub trait Task: Send {
 
 /// What a task does with its records.
 pub enum Work {
-    /// Re-key and forward to the repartition topic (stateless).
+    /// Re-key (by the pipeline's repartition template) and forward to the repartition topic
+    /// (stateless).
     Repartition {
-        /// The new message key.
-        key: KeyTemplate,
         /// The repartition topic.
         topic: String,
     },
@@ -191,17 +190,19 @@ impl Task for PipelineTask {
             coordinates: (msg.topic(), msg.partition(), msg.offset()),
             now_ms: now_ms(),
         };
-        let place = SourcePlace::of(msg);
         let emit = &mut self.emit;
         match &mut self.work {
-            Work::Repartition { key, topic } => {
+            Work::Repartition { topic } => {
                 emit.counts.records_in += 1;
-                let rekeyed = self.processor.rekey(key, &input);
+                // Correlation ids and event ids are only worked out when a trace record needs them.
+                let traced = emit.trace.is_some();
+                let rekeyed = self.processor.rekey(&input, traced);
+                let place = SourcePlace::of(msg);
                 let corr = match &rekeyed {
-                    Ok(r) => &r.correlation_id,
+                    Ok(r) => r.correlation_id.as_deref().unwrap_or_default(),
                     Err(rejected) => &rejected.correlation_id,
                 };
-                let event_id = place.event_id();
+                let event_id = if traced { place.event_id() } else { String::new() };
                 emit.trace(producer, &event_id, None, corr, Status::Received, None)?;
                 match &rekeyed {
                     Ok(r) => {
@@ -242,7 +243,7 @@ impl Task for PipelineTask {
                     .process(&input, store)
                     .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
                 if emit.trace.as_ref().is_some_and(|t| t.level == Level::All) {
-                    let event_id = place.event_id();
+                    let event_id = SourcePlace::of(msg).event_id();
                     let key = processed.decision.idempotency_key();
                     let corr = &processed.correlation_id;
                     if !*repartitioned {
@@ -251,7 +252,7 @@ impl Task for PipelineTask {
                     emit.trace(producer, &event_id, key, corr, Status::Processing, None)?;
                 }
                 emit.changes(producer, changelogs, store.take_changes())?;
-                emit.decision(producer, msg, &place, &processed, input.now_ms)?;
+                emit.decision(producer, msg, &processed, input.now_ms)?;
             }
         }
         self.next_offset = Some(msg.offset() + 1);

@@ -2,6 +2,7 @@
 
 pub mod correlation;
 pub mod dedup;
+pub mod fields;
 pub mod idmap;
 pub mod merge;
 pub mod pipeline;

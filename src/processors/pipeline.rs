@@ -2,6 +2,7 @@
 
 use super::correlation;
 use super::dedup::{self, Admission};
+use super::fields::Fields;
 use super::idmap::{self, MappingRecord, PendingCreate};
 use super::merge::{self, Merge, MergeSpec};
 use super::rejection::{Reason, Rejection};
@@ -9,7 +10,7 @@ use super::state::StateError;
 use super::version_gate::{self, Gate};
 use crate::store::{GlobalMappings, TaskStore};
 use crate::topology::template::RenderError;
-use crate::topology::{KeyTemplate, MergeEmit, Pipeline, StoreKind, Strategy};
+use crate::topology::{MergeEmit, Pipeline, StoreKind, Strategy};
 use serde_json::{Map, Value};
 use std::sync::Arc;
 
@@ -79,8 +80,8 @@ pub struct Processed {
 pub struct Rekeyed {
     /// The new message key.
     pub key: String,
-    /// The record's correlation id (for its trace record).
-    pub correlation_id: String,
+    /// The record's correlation id (for its trace record), when asked for.
+    pub correlation_id: Option<String>,
 }
 
 impl Decision {
@@ -102,6 +103,7 @@ pub struct PipelineProcessor {
     max_record_bytes: usize,
     stores: Vec<StoreKind>,
     global: Arc<GlobalMappings>,
+    fields: Fields,
 }
 
 impl PipelineProcessor {
@@ -110,6 +112,7 @@ impl PipelineProcessor {
     pub fn new(pipeline: Arc<Pipeline>, max_record_bytes: usize, global: Arc<GlobalMappings>) -> Self {
         let stores = pipeline.store_kinds();
         Self {
+            fields: Fields::of(&pipeline),
             pipeline,
             max_record_bytes,
             stores,
@@ -288,44 +291,32 @@ impl PipelineProcessor {
         }))
     }
 
-    /// For a repartition stage: the record's new message key, or its rejection.
-    pub fn rekey(&self, template: &KeyTemplate, input: &Input<'_>) -> Result<Rekeyed, Processed> {
+    /// For a repartition stage: the record's new message key from the pipeline's repartition
+    /// template (its business key when it has none), with its correlation id when
+    /// `with_correlation` (only trace records need it there), or its rejection.
+    pub fn rekey(&self, input: &Input<'_>, with_correlation: bool) -> Result<Rekeyed, Processed> {
+        let template = self
+            .pipeline
+            .repartition
+            .as_ref()
+            .map_or(&self.pipeline.key, |r| &r.key);
         let doc = self.decode(input.payload).map_err(|r| self.rejected(input, None, r))?;
         let key = template
             .render(&doc)
             .map_err(|e| self.rejected(input, Some(&doc), key_rejection(e, "repartition key")))?;
-        let (topic, partition, offset) = input.coordinates;
-        let seed = match self.pipeline.key.render(&doc) {
-            Ok(k) => k,
-            Err(_) => format!("{topic}/{partition}/{offset}"),
-        };
-        let correlation_id =
-            correlation::resolve(&self.pipeline.correlation, input.correlation_header, Some(&doc), &seed);
+        let correlation_id = with_correlation.then(|| {
+            let (topic, partition, offset) = input.coordinates;
+            let seed = match self.pipeline.key.render(&doc) {
+                Ok(k) => k,
+                Err(_) => format!("{topic}/{partition}/{offset}"),
+            };
+            correlation::resolve(&self.pipeline.correlation, input.correlation_header, Some(&doc), &seed)
+        });
         Ok(Rekeyed { key, correlation_id })
     }
 
     fn decode(&self, payload: Option<&[u8]>) -> Result<Map<String, Value>, Rejection> {
-        let Some(bytes) = payload else {
-            return Err(Rejection::new(Reason::InvalidJson, "the record has no value"));
-        };
-        if bytes.len() > self.max_record_bytes {
-            return Err(Rejection::new(
-                Reason::Oversize,
-                format!(
-                    "{} bytes exceeds max_record_bytes {}",
-                    bytes.len(),
-                    self.max_record_bytes
-                ),
-            ));
-        }
-        match serde_json::from_slice::<Value>(bytes) {
-            Ok(Value::Object(map)) => Ok(map),
-            Ok(_) => Err(Rejection::new(
-                Reason::NotAnObject,
-                "the value is JSON but not an object",
-            )),
-            Err(e) => Err(Rejection::new(Reason::InvalidJson, format!("not valid JSON: {e}"))),
-        }
+        self.fields.decode(payload, self.max_record_bytes)
     }
 
     fn rejected(&self, input: &Input<'_>, doc: Option<&Map<String, Value>>, rejection: Rejection) -> Processed {

@@ -104,6 +104,15 @@ impl fmt::Display for KeyTemplate {
 }
 
 impl KeyTemplate {
+    /// The top-level fields the template reads (`payment_id` for `{payment_id}`, `order` for
+    /// `{order.id}`).
+    pub fn roots(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Field(path) => path.first().map(String::as_str),
+            Part::Literal(_) => None,
+        })
+    }
+
     /// Builds the key for one JSON object.
     pub fn render(&self, doc: &Map<String, Value>) -> Result<String, RenderError> {
         let mut out = String::new();
@@ -183,6 +192,12 @@ mod tests {
             t.render(&doc(json!({"a": [1], "b": 1}))),
             Err(RenderError::NonScalar("a".into()))
         );
+    }
+
+    #[test]
+    fn roots_are_the_first_segment_of_each_field() {
+        let t: KeyTemplate = "{order.id}:{status}-{order.line}".parse().expect("valid template");
+        assert_eq!(t.roots().collect::<Vec<_>>(), ["order", "status", "order"]);
     }
 
     #[test]

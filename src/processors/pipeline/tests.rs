@@ -142,8 +142,11 @@ fn every_kind_of_bad_record_is_rejected_with_its_reason() {
 
 #[test]
 fn rekey_renders_the_repartition_key_or_rejects() {
-    let (p, _s, _tmp) = setup();
-    let t: KeyTemplate = "{payment_id}".parse().expect("valid");
+    let yaml = YAML.replace(
+        "    key: \"{payment_id}:{status}\"",
+        "    repartition: { key: \"{payment_id}\" }\n    key: \"{payment_id}:{status}\"",
+    );
+    let (p, _s, _tmp) = setup_with(&yaml);
     let input = |payload: &'static [u8]| Input {
         payload: Some(payload),
         correlation_header: None,
@@ -151,10 +154,19 @@ fn rekey_renders_the_repartition_key_or_rejects() {
         now_ms: 0,
     };
     assert_eq!(
-        p.rekey(&t, &input(br#"{"payment_id":"P9"}"#)).map(|r| r.key),
-        Ok("P9".to_string())
+        p.rekey(&input(br#"{"payment_id":"P9","status":"PAID","amount":1}"#), false)
+            .map(|r| (r.key, r.correlation_id)),
+        Ok(("P9".to_string(), None))
     );
-    let rejected = p.rekey(&t, &input(br#"{"status":"PAID"}"#)).expect_err("no payment_id");
+    let traced = p.rekey(&input(br#"{"payment_id":"P9","status":"PAID"}"#), true);
+    assert_eq!(
+        traced.map(|r| r.correlation_id),
+        Ok(Some(correlation::derive("P9:PAID"))),
+        "the correlation id is derived from the business key"
+    );
+    let rejected = p
+        .rekey(&input(br#"{"status":"PAID"}"#), false)
+        .expect_err("no payment_id");
     assert!(matches!(
         rejected.decision,
         Decision::Reject(Rejection {
