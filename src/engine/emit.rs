@@ -9,6 +9,7 @@ use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::Message;
+use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -165,11 +166,13 @@ impl Emitter {
             .map_err(ProcessError::Kafka)
     }
 
-    /// Produces what a decision calls for and its terminal trace record.
+    /// Produces what a decision calls for and its terminal trace record; `place` holds the
+    /// record's source place once someone has read it.
     pub fn decision(
         &mut self,
         producer: &mut TxnProducer,
         msg: &BorrowedMessage<'_>,
+        place: &OnceCell<SourcePlace>,
         processed: &Processed,
         now_ms: i64,
     ) -> Result<(), ProcessError> {
@@ -260,14 +263,14 @@ impl Emitter {
                 )
             }
             Decision::Reject(_) => {
-                self.dead_letter(producer, msg, &SourcePlace::of(msg), processed)?;
+                self.dead_letter(producer, msg, place.get_or_init(|| SourcePlace::of(msg)), processed)?;
                 (None, Status::Failed, Some(Outcome::DeadLetter))
             }
         };
         if self.trace.is_none() {
             return Ok(());
         }
-        let event_id = SourcePlace::of(msg).event_id();
+        let event_id = place.get_or_init(|| SourcePlace::of(msg)).event_id();
         self.trace(producer, &event_id, key, corr, status, outcome)
     }
 

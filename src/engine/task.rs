@@ -13,6 +13,7 @@ use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -242,8 +243,11 @@ impl Task for PipelineTask {
                     .processor
                     .process(&input, store)
                     .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
+                // The source's place (headers after a repartition) is read once, and only when a
+                // trace record or a dead letter needs it.
+                let place = OnceCell::new();
                 if emit.trace.as_ref().is_some_and(|t| t.level == Level::All) {
-                    let event_id = SourcePlace::of(msg).event_id();
+                    let event_id = place.get_or_init(|| SourcePlace::of(msg)).event_id();
                     let key = processed.decision.idempotency_key();
                     let corr = &processed.correlation_id;
                     if !*repartitioned {
@@ -252,7 +256,7 @@ impl Task for PipelineTask {
                     emit.trace(producer, &event_id, key, corr, Status::Processing, None)?;
                 }
                 emit.changes(producer, changelogs, store.take_changes())?;
-                emit.decision(producer, msg, &processed, input.now_ms)?;
+                emit.decision(producer, msg, &place, &processed, input.now_ms)?;
             }
         }
         self.next_offset = Some(msg.offset() + 1);
