@@ -427,7 +427,7 @@ const RETENTION: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone)]
 enum DedupOp {
     Admit { key: u8, advance_ms: i64 },
-    Expire { limit: usize, advance_ms: i64 },
+    Expire { batch: usize, advance_ms: i64 },
     Commit,
     Abort,
 }
@@ -435,7 +435,7 @@ enum DedupOp {
 fn dedup_op() -> impl Strategy<Value = DedupOp> {
     prop_oneof![
         8 => (1..KEYS, 0i64..70).prop_map(|(key, advance_ms)| DedupOp::Admit { key, advance_ms }),
-        2 => (1usize..4, 0i64..70).prop_map(|(limit, advance_ms)| DedupOp::Expire { limit, advance_ms }),
+        2 => (1usize..4, 0i64..70).prop_map(|(batch, advance_ms)| DedupOp::Expire { batch, advance_ms }),
         3 => Just(DedupOp::Commit),
         1 => Just(DedupOp::Abort),
     ]
@@ -458,6 +458,8 @@ proptest! {
         let mut admitted: BTreeMap<Vec<u8>, Vec<i64>> = BTreeMap::new();
         let mut admitted_open: Vec<(Vec<u8>, i64)> = Vec::new();
         let retention_ms = i64::try_from(RETENTION.as_millis()).expect("small");
+        // Where the expiry pass under way resumes.
+        let mut cursor: Option<Vec<u8>> = None;
         for op in ops {
             match op {
                 DedupOp::Admit { key: k, advance_ms } => {
@@ -475,21 +477,30 @@ proptest! {
                         admitted_open.push((k, now));
                     }
                 }
-                DedupOp::Expire { limit, advance_ms } => {
+                DedupOp::Expire { batch, advance_ms } => {
                     now += advance_ms;
                     let cutoff = now - retention_ms;
-                    // Committed keys in key order whose current entry (the open transaction's
-                    // write, if any) is expired.
-                    let expired: Vec<Vec<u8>> = committed
-                        .iter()
-                        .filter(|(k, first_seen)| match overlay.get(*k) {
-                            Some(pending) => pending.is_some_and(|t| t <= cutoff),
-                            None => **first_seen <= cutoff,
-                        })
-                        .map(|(k, _)| k.clone())
-                        .take(limit)
+                    // The next `batch` committed keys after the cursor, in key order; of those,
+                    // the ones whose current entry (the open transaction's write, if any) is
+                    // expired are deleted.
+                    let examined: Vec<Vec<u8>> = committed
+                        .keys()
+                        .filter(|k| cursor.as_ref().is_none_or(|c| *k > c))
+                        .take(batch)
+                        .cloned()
                         .collect();
-                    prop_assert_eq!(dedup::expire(&mut s, 0, now, RETENTION, limit).expect("expires"), expired.len());
+                    let expired: Vec<Vec<u8>> = examined
+                        .iter()
+                        .filter(|k| match overlay.get(*k) {
+                            Some(pending) => pending.is_some_and(|t| t <= cutoff),
+                            None => committed[*k] <= cutoff,
+                        })
+                        .cloned()
+                        .collect();
+                    let resume = if examined.len() == batch { examined.last().cloned() } else { None };
+                    let step = dedup::expire(&mut s, 0, now, RETENTION, cursor.as_deref(), batch).expect("expires");
+                    prop_assert_eq!(step, dedup::ExpiryStep { deleted: expired.len(), resume_after: resume.clone() });
+                    cursor = resume;
                     for k in expired {
                         overlay.insert(k, None);
                     }

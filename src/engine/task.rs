@@ -17,7 +17,8 @@ use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Most expired keys one task deletes per expiry pass, to keep transactions small.
+/// Dedup entries one housekeeping tick looks at for expiry: a pass over a large store takes
+/// several ticks, and its deletes spread over as many transactions.
 const EXPIRY_BATCH: usize = 10_000;
 
 /// What a stream thread drives for one partition, all inside its open transaction.
@@ -83,7 +84,10 @@ pub struct PipelineTask {
     emit: Emitter,
     next_offset: Option<i64>,
     expiry_every: Duration,
+    /// When the last expiry pass ended.
     last_expiry: Instant,
+    /// Where the expiry pass under way resumes; `None` when no pass is under way.
+    expiry_cursor: Option<Vec<u8>>,
     /// Size gauges of the stores, created on the first report and removed with the task.
     store_gauges: Option<StoreGauges>,
 }
@@ -124,12 +128,14 @@ impl PipelineTask {
             next_offset: None,
             expiry_every,
             last_expiry: Instant::now(),
+            expiry_cursor: None,
             store_gauges: None,
         }
     }
 
-    /// Deletes up to `limit` expired dedup keys in the open transaction; returns how many.
-    pub fn expire(&mut self, now_ms: i64, producer: &mut TxnProducer, limit: usize) -> Result<usize, ProcessError> {
+    /// Runs the next step of the expiry pass under way (or starts one) in the open transaction:
+    /// looks at up to `batch` dedup entries and deletes the expired ones; returns how many.
+    pub fn expire(&mut self, now_ms: i64, producer: &mut TxnProducer, batch: usize) -> Result<usize, ProcessError> {
         let Work::Process { store, changelogs, .. } = &mut self.work else {
             return Ok(0);
         };
@@ -138,11 +144,15 @@ impl PipelineTask {
         let (Some(retention), Some(index)) = (pipeline.max_retention(), dedup_index) else {
             return Ok(0);
         };
-        let deleted = dedup::expire(store, index, now_ms, retention, limit)
+        let step = dedup::expire(store, index, now_ms, retention, self.expiry_cursor.as_deref(), batch)
             .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
         self.emit.changes(producer, changelogs, store.take_changes())?;
-        self.emit.counts.expired += deleted as u64;
-        Ok(deleted)
+        self.emit.counts.expired += step.deleted as u64;
+        self.expiry_cursor = step.resume_after;
+        if self.expiry_cursor.is_none() {
+            self.last_expiry = Instant::now();
+        }
+        Ok(step.deleted)
     }
 }
 
@@ -281,12 +291,12 @@ impl Task for PipelineTask {
         Ok(std::mem::take(&mut self.emit.counts))
     }
 
-    /// Every expiry interval, deletes expired dedup keys inside the transaction.
+    /// Deletes expired dedup keys inside the transaction: a pass under way goes on at every
+    /// tick; the next starts an expiry interval after the last ended.
     fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
-        if self.last_expiry.elapsed() < self.expiry_every {
+        if self.expiry_cursor.is_none() && self.last_expiry.elapsed() < self.expiry_every {
             return Ok(false);
         }
-        self.last_expiry = Instant::now();
         let n = self.expire(now_ms, producer, EXPIRY_BATCH)?;
         if n > 0 {
             tracing::debug!(expired = n, pipeline = self.label(), "expired dedup keys deleted");

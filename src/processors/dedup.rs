@@ -41,38 +41,60 @@ pub fn admit(
     Ok(Admission::First)
 }
 
-/// Deletes up to `limit` keys first seen `retention` or longer ago, through the store's write
-/// path so their changelog gets tombstones. Returns how many were deleted.
+/// One step of an expiry pass: what it deleted and where the next step resumes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExpiryStep {
+    /// Keys deleted by this step.
+    pub deleted: usize,
+    /// The last key looked at when the step stopped before the store's end; `None` when the
+    /// pass is complete.
+    pub resume_after: Option<Vec<u8>>,
+}
+
+/// Looks at up to `batch` committed keys after `after` (from the start when `None`) and deletes
+/// those first seen `retention` or longer ago, through the store's write path so their
+/// changelog gets tombstones. A pass over a large store takes several steps, so no step stalls
+/// the stream thread however many live keys there are.
 pub fn expire(
     store: &mut TaskStore,
     index: usize,
     now_ms: i64,
     retention: Duration,
-    limit: usize,
-) -> Result<usize, StateError> {
+    after: Option<&[u8]>,
+    batch: usize,
+) -> Result<ExpiryStep, StateError> {
     let cutoff = now_ms.saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
     let mut expired = Vec::new();
-    for item in store.scan(index)? {
+    let mut last = None;
+    let mut seen = 0;
+    for item in store.scan_after(index, after)? {
+        if seen == batch {
+            break;
+        }
         let (key, committed) = item?;
+        seen += 1;
         // The scan sees committed values only; a key re-admitted or already deleted in the open
         // transaction is judged by that write, or a fresh entry would be deleted at commit.
         let value = match store.pending(index, &key) {
-            None => &committed[..],
-            Some(None) => continue,
-            Some(Some(pending)) => pending,
+            None => Some(&committed[..]),
+            Some(None) => None,
+            Some(Some(pending)) => Some(pending),
         };
-        let entry: DedupEntry = state::decode(store, index, &key, value)?;
-        if entry.first_seen_ms <= cutoff {
-            expired.push(key);
-            if expired.len() >= limit {
-                break;
+        if let Some(value) = value {
+            let entry: DedupEntry = state::decode(store, index, &key, value)?;
+            if entry.first_seen_ms <= cutoff {
+                expired.push(key.to_vec());
             }
         }
+        last = Some(key);
     }
     for key in &expired {
         store.delete(index, key);
     }
-    Ok(expired.len())
+    Ok(ExpiryStep {
+        deleted: expired.len(),
+        resume_after: if seen == batch { last.map(|k| k.to_vec()) } else { None },
+    })
 }
 
 #[cfg(test)]
@@ -113,7 +135,7 @@ mod tests {
         admit(&mut s, 0, "old", 1_000, retention).expect("ok");
         admit(&mut s, 0, "new", 9_000, retention).expect("ok");
         s.commit(&[]).expect("commit");
-        assert_eq!(expire(&mut s, 0, 12_000, retention, 100).expect("ok"), 1);
+        assert_eq!(expire(&mut s, 0, 12_000, retention, None, 100).expect("ok").deleted, 1);
         let changes = s.take_changes();
         assert_eq!(changes.len(), 1);
         assert_eq!(
@@ -140,7 +162,7 @@ mod tests {
         // Expired but not yet cleaned up: the key passes again and is re-recorded, then an
         // expiry pass runs in the same transaction.
         assert_eq!(admit(&mut s, 0, "k", 20_000, retention).expect("ok"), Admission::First);
-        assert_eq!(expire(&mut s, 0, 20_000, retention, 100).expect("ok"), 0);
+        assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 0);
         s.commit(&[]).expect("commit");
         assert_eq!(
             admit(&mut s, 0, "k", 21_000, retention).expect("ok"),
@@ -156,9 +178,35 @@ mod tests {
         let retention = Duration::from_secs(10);
         admit(&mut s, 0, "k", 1_000, retention).expect("ok");
         s.commit(&[]).expect("commit");
-        assert_eq!(expire(&mut s, 0, 20_000, retention, 100).expect("ok"), 1);
-        assert_eq!(expire(&mut s, 0, 30_000, retention, 100).expect("ok"), 0);
+        assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 1);
+        assert_eq!(expire(&mut s, 0, 30_000, retention, None, 100).expect("ok").deleted, 0);
         assert_eq!(s.take_changes().len(), 1, "one tombstone");
+    }
+
+    #[test]
+    fn a_pass_goes_through_the_store_in_steps_and_ends() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let retention = Duration::from_secs(10);
+        for k in ["a", "b", "c", "d", "e"] {
+            admit(&mut s, 0, k, 1_000, retention).expect("ok");
+        }
+        admit(&mut s, 0, "bb", 9_000, retention).expect("ok");
+        s.commit(&[]).expect("commit");
+        let mut steps = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let step = expire(&mut s, 0, 12_000, retention, after.as_deref(), 2).expect("ok");
+            steps.push(step.deleted);
+            after = step.resume_after;
+            if after.is_none() {
+                break;
+            }
+        }
+        // a,b | bb,c | d,e | (end): the live key `bb` is looked at but kept.
+        assert_eq!(steps, vec![2, 1, 2, 0]);
+        let deleted: Vec<Vec<u8>> = s.take_changes().into_iter().map(|c| c.key).collect();
+        assert_eq!(deleted, [b"a", b"b", b"c", b"d", b"e"].map(|k| k.to_vec()));
     }
 
     #[test]

@@ -31,6 +31,12 @@ impl StoreEnv {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&self.cache);
+        // Most lookups are for keys never seen (a first event, a new entity): a bloom filter
+        // answers them without reading data blocks. Index and filter blocks live in the shared
+        // cache, so they count against its budget instead of growing with the data.
+        table.set_bloom_filter(10.0, false);
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
         opts.set_block_based_table_factory(&table);
         opts
     }
