@@ -61,6 +61,8 @@ pub struct Programs {
     pub passthrough: PathBuf,
     /// JVM options of the Kafka Streams app.
     pub java_opts: Vec<String>,
+    /// Log filter (`RUST_LOG`) of tally runs.
+    pub tally_log: String,
 }
 
 impl Programs {
@@ -179,7 +181,7 @@ pub fn start(
                 .env("TALLY_INPUT_TOPIC", &names.input)
                 .env("TALLY_OUTPUT_TOPIC", &names.output)
                 .env("TALLY_DLQ_TOPIC", &names.dlq)
-                .env("RUST_LOG", "info,librdkafka=warn");
+                .env("RUST_LOG", &programs.tally_log);
             cmd
         }
         Contender::KStreams => {

@@ -3,11 +3,14 @@
 //! LogAppendTime, read_committed) is one sample.
 
 use crate::contender::{self, Contender, Programs, RunNames};
+use crate::host::{self, CpuTicks};
 use crate::kafka;
+use crate::options::Options;
 use crate::workload::{self, Topology};
 use anyhow::{bail, Context, Result};
 use rdkafka::Message;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -33,22 +36,17 @@ pub struct Latency {
     pub append: [f64; 3],
     /// Time the read_committed reader received the output minus input append time: p50, p99, p99.9.
     pub visible: [f64; 3],
+    /// CPU steal on the machine during the run (`–` where unknown).
+    pub steal: String,
 }
 
 /// One output: its seq, its append time and when the reader got it (ms since the epoch).
 type Seen = (usize, i64, i64);
 
-/// Runs `c` on payments (256 B values, no duplicates) at `rate` records/s for `secs`; the first
-/// quarter of the paced records is warm-up and not measured.
-pub fn run(
-    c: Contender,
-    rate: f64,
-    secs: u64,
-    partitions: i32,
-    id: &str,
-    programs: &Programs,
-    log_dir: &Path,
-) -> Result<Latency> {
+/// Runs `c` on payments (256 B values, no duplicates) at `rate` records/s for
+/// `o.latency_secs`; the first quarter of the paced records is warm-up and not measured.
+pub fn run(c: Contender, rate: f64, o: &Options, id: &str, programs: &Programs, log_dir: &Path) -> Result<Latency> {
+    let (secs, partitions) = (o.latency_secs, o.partitions);
     let input = format!("bench-{id}-in");
     let names = RunNames::new(id, &input);
     let append_time = [("message.timestamp.type", "LogAppendTime")];
@@ -65,7 +63,9 @@ pub fn run(
         let (output, count, stop) = (names.output.clone(), count.clone(), stop.clone());
         std::thread::spawn(move || watch(&output, partitions, total, &count, &stop))
     };
+    let ticks_before = CpuTicks::now();
     let result = drive(c, &names, partitions, programs, log_dir, rate, measured, &count);
+    let steal = host::steal_text(ticks_before, CpuTicks::now());
     stop.store(true, Ordering::SeqCst);
     let seen = watcher
         .join()
@@ -75,6 +75,9 @@ pub fn run(
     kafka::delete_prefixed(&names.app)?;
     let first_measured = WARMUP + (measured as f64 * WARM_SHARE) as usize;
     let expected = total - first_measured;
+    if let Some(dir) = &o.latency_dump {
+        dump(&dir.join(format!("{id}.csv")), &seen, &appended)?;
+    }
     let mut append = Vec::with_capacity(expected);
     let mut visible = Vec::with_capacity(expected);
     for (seq, out_ts, recv_ms) in seen.into_iter().filter(|s| s.0 >= first_measured) {
@@ -95,7 +98,22 @@ pub fn run(
         achieved_rate: expected as f64 / span_s.max(1e-3),
         append: percentiles(append),
         visible: percentiles(visible),
+        steal,
     })
+}
+
+/// Writes every sample (warm-up included) as `seq,input_append_ms,output_append_ms,received_ms`.
+fn dump(path: &Path, seen: &[Seen], appended: &HashMap<usize, i64>) -> Result<()> {
+    let mut csv = String::from("seq,input_append_ms,output_append_ms,received_ms\n");
+    for (seq, out_ts, recv_ms) in seen {
+        if let Some(in_ts) = appended.get(seq) {
+            let _ = writeln!(csv, "{seq},{in_ts},{out_ts},{recv_ms}");
+        }
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Starts the contender, warms it up, paces the input and waits for every output.

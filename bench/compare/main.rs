@@ -6,6 +6,7 @@
 
 mod contender;
 mod drain;
+mod host;
 mod kafka;
 mod latency;
 mod options;
@@ -30,6 +31,7 @@ fn main() -> Result<()> {
         tally: tally.clone(),
         repo: repo.clone(),
         java_opts: o.java_opts.clone(),
+        tally_log: o.tally_log.clone(),
     };
     programs.check(&o.contenders)?;
     let log_dir = std::env::temp_dir().join(format!("tally-bench-{}", std::process::id()));
@@ -38,11 +40,13 @@ fn main() -> Result<()> {
     let started_at = Instant::now();
     let started = utc_now();
     let load_before = loadavg();
+    let ticks_before = host::CpuTicks::now();
     let results = suite::run(&o, &programs, &log_dir);
     let ctx = report::Context {
         started,
         minutes: started_at.elapsed().as_secs_f64() / 60.0,
         load: (load_before, loadavg()),
+        steal: host::steal_text(ticks_before, host::CpuTicks::now()),
     };
     std::fs::write(&o.out, report::render(&o, &results, &ctx, &repo))
         .with_context(|| format!("writing {}", o.out.display()))?;

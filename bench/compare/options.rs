@@ -21,6 +21,13 @@ pub struct Options {
     pub contenders: Vec<Contender>,
     /// Seconds of paced input per latency run, 0 skips (`TALLY_BENCH_LATENCY_SECS`, 20).
     pub latency_secs: u64,
+    /// Share of a contender's capacity its latency run offers (`TALLY_BENCH_LATENCY_SHARE`, 0.5).
+    pub latency_share: f64,
+    /// Directory for each latency run's samples as CSV, to plot (`TALLY_BENCH_LATENCY_DUMP`).
+    pub latency_dump: Option<PathBuf>,
+    /// `RUST_LOG` of tally runs (`TALLY_BENCH_TALLY_LOG`, `info,librdkafka=warn`); e.g.
+    /// `info,tally::engine::producer=debug` logs each commit's phases.
+    pub tally_log: String,
     /// Changelog records of the restore runs, 0 skips (`TALLY_BENCH_RESTORE_RECORDS`, 1000000).
     pub restore_records: usize,
     /// Longest one run may take (`TALLY_BENCH_RUN_TIMEOUT_SECS`, 900).
@@ -93,6 +100,10 @@ impl Options {
         if runs == 0 {
             bail!("TALLY_BENCH_RUNS must be at least 1");
         }
+        let latency_share: f64 = number("TALLY_BENCH_LATENCY_SHARE", 0.5)?;
+        if !(latency_share > 0.0 && latency_share <= 1.0) {
+            bail!("TALLY_BENCH_LATENCY_SHARE must be in (0, 1], not {latency_share}");
+        }
         let mut settings: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("TALLY_BENCH_"))
             .collect();
@@ -115,6 +126,9 @@ impl Options {
             workloads,
             contenders,
             latency_secs: number("TALLY_BENCH_LATENCY_SECS", 20)?,
+            latency_share,
+            latency_dump: var("TALLY_BENCH_LATENCY_DUMP").map(PathBuf::from),
+            tally_log: var("TALLY_BENCH_TALLY_LOG").unwrap_or_else(|| "info,librdkafka=warn".to_string()),
             restore_records: number("TALLY_BENCH_RESTORE_RECORDS", 1_000_000)?,
             timeout: Duration::from_secs(number("TALLY_BENCH_RUN_TIMEOUT_SECS", 900)?),
             out: var("TALLY_BENCH_OUT").map_or_else(|| repo.join("bench/RESULTS.md"), PathBuf::from),

@@ -16,6 +16,8 @@ pub struct Context {
     pub minutes: f64,
     /// `/proc/loadavg` at start and end.
     pub load: (String, String),
+    /// CPU steal over the whole run.
+    pub steal: String,
 }
 
 /// Renders the results as Markdown.
@@ -34,8 +36,8 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
     let _ = writeln!(w, "- Machine: {}", machine());
     let _ = writeln!(
         w,
-        "- Load average (1/5/15 min) at start: {}; at end: {}",
-        ctx.load.0, ctx.load.1
+        "- Load average (1/5/15 min) at start: {}; at end: {}; CPU steal (time the hypervisor gave other guests) over the run: {}",
+        ctx.load.0, ctx.load.1, ctx.steal
     );
     let _ = writeln!(
         w,
@@ -57,7 +59,7 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
     let _ = writeln!(w, "\n{}", METHOD.trim_start());
     throughput(w, r);
     costs(w, r);
-    latency(w, r);
+    latency(w, o, r);
     restore(w, r);
     targets(w, r);
     if !r.failures.is_empty() {
@@ -96,12 +98,15 @@ const METHOD: &str = r#"
   window. **Peak RSS**: `VmHWM` of the process at the end. The broker's CPU is not counted.
 - **Changelog bytes per input record**: on-disk size of the run's changelog topics
   (`LogDirsCommand`) / input records.
-- **Latency**: a paced producer writes unique payment events (256 B) at half of the
-  contender's median throughput on the named workload, for `TALLY_BENCH_LATENCY_SECS`; the
-  first quarter is warm-up. Per output: its append time minus its input's append time (both
-  topics `LogAppendTime`) and, as "visible", the time the read_committed reader received it
-  minus the input's append time. "Achieved" is the input rate the producer really reached (it
-  shares the 2 cores too); a contender that cannot keep up shows latency growing with the run.
+- **Latency**: a paced producer writes unique payment events (256 B) at a share
+  (`TALLY_BENCH_LATENCY_SHARE`, half by default) of the contender's median throughput on the
+  named workload, for `TALLY_BENCH_LATENCY_SECS`; the first quarter is warm-up. Per output:
+  its append time minus its input's append time (both topics `LogAppendTime`) and, as
+  "visible", the time the read_committed reader received it minus the input's append time.
+  "Achieved" is the input rate the producer really reached (it shares the 2 cores too); a
+  contender that cannot keep up shows latency growing with the run. "CPU steal" is the share
+  of the machine's CPU time the hypervisor gave to other guests during the run (`/proc/stat`):
+  the broker, the producer and the contender all wait through it.
 - **Restore**: tally restoring a changelog of N dedup entries into an empty state directory
   (its `restore finished` log line) versus a raw read_committed consume of the same changelog
   with tally's restore-consumer settings.
@@ -226,23 +231,24 @@ fn costs(w: &mut String, r: &Results) {
     }
 }
 
-fn latency(w: &mut String, r: &Results) {
+fn latency(w: &mut String, o: &Options, r: &Results) {
     let Some(from) = &r.latency_capacity_from else {
         return;
     };
     let _ = writeln!(
         w,
-        "\n## End-to-end latency at 50% of capacity (ms; capacity = median throughput on `{from}`)\n"
+        "\n## End-to-end latency at {:.0}% of capacity (ms; capacity = median throughput on `{from}`)\n",
+        o.latency_share * 100.0
     );
     let _ = writeln!(
         w,
-        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 |"
+        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
     for l in &r.latency {
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
             l.contender.name(),
             int(l.rate),
             int(l.achieved_rate),
@@ -252,7 +258,8 @@ fn latency(w: &mut String, r: &Results) {
             l.append[2],
             l.visible[0],
             l.visible[1],
-            l.visible[2]
+            l.visible[2],
+            l.steal
         );
     }
 }

@@ -74,10 +74,10 @@ pub fn run(o: &Options, programs: &Programs, log_dir: &Path) -> Results {
                 let Some(capacity) = median(source.of(c).iter().map(|s| s.throughput).collect()) else {
                     continue;
                 };
-                let rate = (capacity / 2.0).round();
+                let rate = (capacity * o.latency_share).round();
                 eprintln!("bench: latency of {} at {rate:.0} records/s", c.name());
                 let id = format!("{tag}-latency-{}", c.name());
-                match latency::run(c, rate, o.latency_secs, o.partitions, &id, programs, log_dir) {
+                match latency::run(c, rate, o, &id, programs, log_dir) {
                     Ok(l) => results.latency.push(l),
                     Err(e) => results.failures.push(format!("latency {}: {e:#}", c.name())),
                 }

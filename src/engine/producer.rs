@@ -120,14 +120,23 @@ impl TxnProducer {
     /// delivered offset per partition.
     pub fn commit(&mut self, offsets: &TopicPartitionList, group: &ConsumerGroupMetadata) -> KafkaResult<Delivered> {
         self.begin()?;
+        let started = Instant::now();
         self.await_deliveries();
+        let delivered_at = Instant::now();
         if offsets.count() > 0 {
             retry(self.timeout, || {
                 self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
             })?;
         }
+        let offsets_at = Instant::now();
         retry(self.timeout, || self.producer.commit_transaction(self.timeout))?;
         self.in_transaction = false;
+        tracing::debug!(
+            deliveries_us = delivered_at.duration_since(started).as_micros() as u64,
+            offsets_us = offsets_at.duration_since(delivered_at).as_micros() as u64,
+            commit_us = offsets_at.elapsed().as_micros() as u64,
+            "transaction committed"
+        );
         Ok(self.take_delivered())
     }
 
