@@ -7,7 +7,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
@@ -109,6 +109,8 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
     }
 }
 
+/// Creates an internal topic unless it exists, then waits until metadata shows it with
+/// `partitions` partitions.
 fn ensure_internal(
     admin: &AdminClient<DefaultClientContext>,
     rt: &Handle,
@@ -116,15 +118,36 @@ fn ensure_internal(
     partitions: i32,
     config: &[(&str, &str)],
 ) -> Result<()> {
-    if let Some(existing) = partition_count(admin, topic)? {
-        if existing != partitions {
-            bail!(
+    if partition_count(admin, topic)?.is_none() {
+        create(admin, rt, topic, partitions, config)?;
+    }
+    // The controller answers once the topic is created, but a broker's metadata shows it a
+    // moment later: a check right after (another instance's, or this one's sink check) would
+    // find no such topic.
+    let deadline = Instant::now() + METADATA_TIMEOUT;
+    loop {
+        match partition_count(admin, topic)? {
+            Some(existing) if existing == partitions => return Ok(()),
+            Some(existing) => bail!(
                 "internal topic `{topic}` has {existing} partitions but its source has {partitions}; \
                  they must match: stop every instance, delete the topic and the state directory to rebuild"
-            );
+            ),
+            None if Instant::now() >= deadline => bail!(
+                "internal topic `{topic}` was created but the broker's metadata still does not show it after {METADATA_TIMEOUT:?}"
+            ),
+            None => std::thread::sleep(Duration::from_millis(100)),
         }
-        return Ok(());
     }
+}
+
+/// Creates `topic`; one another instance created first counts as created.
+fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    rt: &Handle,
+    topic: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) -> Result<()> {
     let new = config.iter().fold(
         NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)),
         |t, (k, v)| t.set(k, v),
@@ -135,10 +158,8 @@ fn ensure_internal(
     for r in results {
         match r {
             Ok(_) => tracing::info!(topic, partitions, "created internal topic"),
-            // Another instance created it first: check it like an existing one.
-            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
-                return ensure_internal(admin, rt, topic, partitions, config)
-            }
+            // Another instance created it first: the caller checks it like an existing one.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((name, code)) => bail!("cannot create internal topic `{name}`: {code}"),
         }
     }
