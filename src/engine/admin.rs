@@ -118,12 +118,7 @@ fn ensure_internal(
     partitions: i32,
     config: &[(&str, &str)],
 ) -> Result<()> {
-    if partition_count(admin, topic)?.is_none() {
-        create(admin, rt, topic, partitions, config)?;
-    }
-    // The controller answers once the topic is created, but a broker's metadata shows it a
-    // moment later: a check right after (another instance's, or this one's sink check) would
-    // find no such topic.
+    let mut requested = false;
     let deadline = Instant::now() + METADATA_TIMEOUT;
     loop {
         match partition_count(admin, topic)? {
@@ -132,6 +127,17 @@ fn ensure_internal(
                 "internal topic `{topic}` has {existing} partitions but its source has {partitions}; \
                  they must match: stop every instance, delete the topic and the state directory to rebuild"
             ),
+            None if !requested => {
+                let new = config.iter().fold(
+                    NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)),
+                    |t, (k, v)| t.set(k, v),
+                );
+                create(admin, rt, &new)?;
+                requested = true;
+            }
+            // The controller answers once the topic is created, but a broker's metadata shows it
+            // a moment later: a check right after (another instance's, or this one's sink
+            // check) would find no such topic.
             None if Instant::now() >= deadline => bail!(
                 "internal topic `{topic}` was created but the broker's metadata still does not show it after {METADATA_TIMEOUT:?}"
             ),
@@ -140,25 +146,15 @@ fn ensure_internal(
     }
 }
 
-/// Creates `topic`; one another instance created first counts as created.
-fn create(
-    admin: &AdminClient<DefaultClientContext>,
-    rt: &Handle,
-    topic: &str,
-    partitions: i32,
-    config: &[(&str, &str)],
-) -> Result<()> {
-    let new = config.iter().fold(
-        NewTopic::new(topic, partitions, TopicReplication::Fixed(-1)),
-        |t, (k, v)| t.set(k, v),
-    );
+/// Asks the controller for `new`; one another instance created first counts as created.
+fn create(admin: &AdminClient<DefaultClientContext>, rt: &Handle, new: &NewTopic<'_>) -> Result<()> {
+    let topic = new.name;
     let results = rt
-        .block_on(admin.create_topics([&new], &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT))))
+        .block_on(admin.create_topics([new], &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT))))
         .with_context(|| format!("cannot create internal topic `{topic}`"))?;
     for r in results {
         match r {
-            Ok(_) => tracing::info!(topic, partitions, "created internal topic"),
-            // Another instance created it first: the caller checks it like an existing one.
+            Ok(_) => tracing::info!(topic, partitions = new.num_partitions, "created internal topic"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((name, code)) => bail!("cannot create internal topic `{name}`: {code}"),
         }
