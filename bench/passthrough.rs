@@ -1,6 +1,6 @@
 //! The benchmark's ceiling: a raw librdkafka consume → produce passthrough with no state, at
 //! least once, and tally's client settings (read_committed group consumer, cooperative-sticky,
-//! 16 MiB prefetch re-checked after 10 ms, idempotent producer lingering 5 ms, one thread,
+//! 2 MiB prefetch re-checked after 10 ms, idempotent producer lingering 5 ms, one thread,
 //! offsets committed every 100 ms after the produced records are acknowledged).
 //!
 //! Usage: `passthrough <bootstrap> <group> <input topic> <output topic> [<middle topic>]`; runs
@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
         .set("partition.assignment.strategy", "cooperative-sticky")
-        .set("queued.max.messages.kbytes", "16384")
+        .set("queued.max.messages.kbytes", "2048")
         .set("fetch.queue.backoff.ms", "10")
         .create()?;
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()

@@ -76,7 +76,7 @@ const METHOD: &str = r#"
 
 - **ceiling**: `bench/passthrough.rs`, raw librdkafka consume → produce with no state, at least
   once (offsets committed every 100 ms after every produced record was acknowledged), tally's
-  client settings (read_committed, cooperative-sticky, 16 MiB prefetch, idempotent producer,
+  client settings (read_committed, cooperative-sticky, 2 MiB prefetch, idempotent producer,
   `linger.ms` 5), one thread. It does
   one hop; tally and Kafka Streams do two (source → repartition topic → output). The issue's
   target is set against this one-hop ceiling.

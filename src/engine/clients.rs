@@ -27,13 +27,14 @@ pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
         .set_if_absent("auto.offset.reset", "earliest")
         // Statistics carry the consumer lag (`tally_consumer_lag_records`).
         .set_if_absent("statistics.interval.ms", "5000")
-        // librdkafka prefetches up to 64 MiB by default (fetch.max.bytes follows this cap), the
-        // largest part of tally's resident memory on 1 KiB records; 16 MiB still holds a quarter
-        // of a second of input at the benchmark's rates. A full queue pauses a partition's
-        // fetching for fetch.queue.backoff.ms (1 s by default), which with the smaller queue
-        // starved the thread (1 KiB drain: 12k instead of 37k records/s): look again after 10 ms.
-        // User settings win.
-        .set_if_absent("queued.max.messages.kbytes", "16384")
+        // librdkafka prefetches up to 64 MiB by default (fetch.max.bytes follows this cap), and
+        // the fetch buffers behind a full queue cost about three times the queue's size in
+        // resident memory. 2 MiB is about what Kafka Streams buffers (1,000 records per
+        // partition); scripts/bench drained as fast with it as with 16 MiB, at 65-73 MiB peak
+        // RSS instead of 107-121. A full queue pauses a partition's fetching for
+        // fetch.queue.backoff.ms (1 s by default), which starves the thread behind a small
+        // queue: look again after 10 ms. User settings win.
+        .set_if_absent("queued.max.messages.kbytes", "2048")
         .set_if_absent("fetch.queue.backoff.ms", "10")
         .set("partition.assignment.strategy", "cooperative-sticky");
     c
