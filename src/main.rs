@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use tally::commands;
 
 /// mimalloc instead of glibc malloc: malloc and free were ~18% of the stream thread's CPU on the
-/// payments benchmark (per-record JSON maps, strings and overlay entries).
+/// payments benchmark (per-record JSON maps, strings and overlay entries). Its `override` feature
+/// makes it librdkafka's and RocksDB's malloc too (tally::allocator).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -69,6 +70,7 @@ enum Reconcile {
 }
 
 fn main() -> ExitCode {
+    tally::allocator::configure();
     let cli = Cli::parse();
     // The demo prints a report; its per-record log lines would drown it.
     let filter = match cli.command {
