@@ -1,6 +1,5 @@
 //! tally: exactly-once business-key deduplication for Kafka integration pipelines.
 
-pub mod allocator;
 pub mod commands;
 pub mod config;
 pub mod demo;

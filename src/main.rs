@@ -1,15 +1,11 @@
 //! The `tally` command line: parses arguments and calls the library.
 
+mod allocator;
+
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tally::commands;
-
-/// mimalloc instead of glibc malloc: malloc and free were ~18% of the stream thread's CPU on the
-/// payments benchmark (per-record JSON maps, strings and overlay entries). Its `override` feature
-/// makes it librdkafka's and RocksDB's malloc too (tally::allocator).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Exactly-once deduplication of Kafka integration events by business idempotency key.
 #[derive(Parser)]
@@ -70,7 +66,7 @@ enum Reconcile {
 }
 
 fn main() -> ExitCode {
-    tally::allocator::configure();
+    allocator::configure();
     let cli = Cli::parse();
     // The demo prints a report; its per-record log lines would drown it.
     let filter = match cli.command {
