@@ -12,6 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `mi_option_purge_delay` in mimalloc.h's `mi_option_e` (libmimalloc-sys names only the
 /// options of older releases; this one has kept its place since it replaced `reset_delay`).
+/// Cargo.toml pins libmimalloc-sys, and the test below fails if the index means another option.
 const PURGE_DELAY: mi_option_t = 15;
 /// The environment variable mimalloc reads the same option from at start.
 const PURGE_DELAY_ENV: &str = "MIMALLOC_PURGE_DELAY";
@@ -25,5 +26,27 @@ pub fn configure() {
         // SAFETY: mi_option_set stores a number in mimalloc's option table; any option index
         // below `_mi_option_last` and any value are valid, and purge_delay is read per purge.
         unsafe { mi_option_set(PURGE_DELAY, 0) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libmimalloc_sys::mi_option_get;
+
+    #[test]
+    fn the_purge_delay_option_is_the_one_configure_sets() {
+        if std::env::var_os(PURGE_DELAY_ENV).is_some() {
+            return;
+        }
+        // SAFETY: reading an option of mimalloc's table by a valid index.
+        let default = unsafe { mi_option_get(PURGE_DELAY) };
+        assert_eq!(
+            default, 1000,
+            "option {PURGE_DELAY} is not mimalloc's purge delay (default 1000 ms)"
+        );
+        configure();
+        // SAFETY: as above.
+        assert_eq!(unsafe { mi_option_get(PURGE_DELAY) }, 0);
     }
 }
