@@ -23,6 +23,9 @@ pub struct Options {
     pub latency_secs: u64,
     /// Share of a contender's capacity its latency run offers (`TALLY_BENCH_LATENCY_SHARE`, 0.5).
     pub latency_share: f64,
+    /// One input rate (records/s) for every contender's latency run instead of a share of its
+    /// capacity (`TALLY_BENCH_LATENCY_RATE`, unset); then no throughput workload is needed.
+    pub latency_rate: Option<f64>,
     /// Directory for each latency run's samples as CSV, to plot (`TALLY_BENCH_LATENCY_DUMP`).
     pub latency_dump: Option<PathBuf>,
     /// `RUST_LOG` of tally runs (`TALLY_BENCH_TALLY_LOG`, `info,librdkafka=warn`); e.g.
@@ -104,6 +107,15 @@ impl Options {
         if !(latency_share > 0.0 && latency_share <= 1.0) {
             bail!("TALLY_BENCH_LATENCY_SHARE must be in (0, 1], not {latency_share}");
         }
+        let latency_rate: Option<f64> = var("TALLY_BENCH_LATENCY_RATE")
+            .map(|v| {
+                v.trim()
+                    .parse()
+                    .ok()
+                    .filter(|r: &f64| *r >= 1.0)
+                    .with_context(|| format!("TALLY_BENCH_LATENCY_RATE={v} is not a rate of at least 1 record/s"))
+            })
+            .transpose()?;
         let mut settings: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("TALLY_BENCH_"))
             .collect();
@@ -127,6 +139,7 @@ impl Options {
             contenders,
             latency_secs: number("TALLY_BENCH_LATENCY_SECS", 20)?,
             latency_share,
+            latency_rate,
             latency_dump: var("TALLY_BENCH_LATENCY_DUMP").map(PathBuf::from),
             tally_log: var("TALLY_BENCH_TALLY_LOG").unwrap_or_else(|| "info,librdkafka=warn".to_string()),
             restore_records: number("TALLY_BENCH_RESTORE_RECORDS", 1_000_000)?,

@@ -1,6 +1,7 @@
 //! Writes the results file: the machine, the command, the tables and the issue's targets.
 
 use crate::contender::Contender;
+use crate::latency::Latency;
 use crate::options::Options;
 use crate::suite::{median, Results, WorkloadResult};
 use crate::workload::Topology;
@@ -100,7 +101,10 @@ const METHOD: &str = r#"
   (`LogDirsCommand`) / input records.
 - **Latency**: a paced producer writes unique payment events (256 B) at a share
   (`TALLY_BENCH_LATENCY_SHARE`, half by default) of the contender's median throughput on the
-  named workload, for `TALLY_BENCH_LATENCY_SECS`; the first quarter is warm-up. Per output:
+  named workload, for `TALLY_BENCH_LATENCY_SECS`; the first quarter is warm-up. tally and Kafka
+  Streams run at their own share, then every contender runs at the lowest of those rates, so
+  they are also compared under one load; the ceilings run only at that common rate (a producer
+  on the same 2 cores cannot offer half of theirs). Per output:
   its append time minus its input's append time (both topics `LogAppendTime`) and, as
   "visible", the time the read_committed reader received it minus the input's append time.
   "Achieved" is the input rate the producer really reached (it shares the 2 cores too); a
@@ -232,20 +236,42 @@ fn costs(w: &mut String, r: &Results) {
 }
 
 fn latency(w: &mut String, o: &Options, r: &Results) {
-    let Some(from) = &r.latency_capacity_from else {
+    if r.latency.is_empty() {
         return;
+    }
+    let _ = match (o.latency_rate, &r.latency_capacity_from) {
+        (Some(rate), _) => writeln!(
+            w,
+            "\n## End-to-end latency at {rate:.0} input records/s for every contender (ms)\n"
+        ),
+        (None, from) => writeln!(
+            w,
+            "\n## End-to-end latency at {:.0}% of capacity (ms; capacity = median throughput on `{}`)\n",
+            o.latency_share * 100.0,
+            from.as_deref().unwrap_or("–")
+        ),
     };
-    let _ = writeln!(
-        w,
-        "\n## End-to-end latency at {:.0}% of capacity (ms; capacity = median throughput on `{from}`)\n",
-        o.latency_share * 100.0
-    );
+    latency_table(w, &r.latency);
+    if let Some((slowest, runs)) = &r.latency_common {
+        let rate = runs.first().map_or(0.0, |l| l.rate);
+        let _ = writeln!(
+            w,
+            "\n## End-to-end latency of every contender at {} records/s ({:.0}% of `{}`'s capacity, the lowest; ms)\n",
+            int(rate),
+            o.latency_share * 100.0,
+            slowest.name()
+        );
+        latency_table(w, runs);
+    }
+}
+
+fn latency_table(w: &mut String, runs: &[Latency]) {
     let _ = writeln!(
         w,
         "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal |"
     );
     let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
-    for l in &r.latency {
+    for l in runs {
         let _ = writeln!(
             w,
             "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
@@ -332,18 +358,21 @@ fn targets(w: &mut String, o: &Options, r: &Results) {
         restore.map_or("–".into(), |m| format!("{m:.2}×")),
         verdict(restore.map(|m| m >= 0.5))
     );
-    // The target is set at half load: a run at another share shows its figures, no verdict.
-    let at_half = (o.latency_share - 0.5).abs() < f64::EPSILON;
+    // The target is set at half load: a run at another share or at a fixed rate shows its
+    // figures, no verdict.
+    let at_half = o.latency_rate.is_none() && (o.latency_share - 0.5).abs() < f64::EPSILON;
+    let load = match o.latency_rate {
+        Some(rate) => format!("{rate:.0} records/s"),
+        None => format!("{:.0}% load", o.latency_share * 100.0),
+    };
     let tally = r.latency.iter().find(|l| l.contender == Contender::Tally);
     let _ = writeln!(
         w,
         "| tally p99 ≤ commit interval + 50 ms = 150 ms at 50% load | {} | {} | {} |",
         r.latency_capacity_from.as_deref().unwrap_or("–"),
         tally.map_or("–".into(), |l| format!(
-            "p99 {:.0} ms (visible {:.0} ms) at {:.0}% load",
-            l.append[1],
-            l.visible[1],
-            o.latency_share * 100.0
+            "p99 {:.0} ms (visible {:.0} ms) at {}",
+            l.append[1], l.visible[1], load
         )),
         verdict(tally.filter(|_| at_half).map(|l| l.append[1] <= 150.0))
     );
