@@ -37,8 +37,8 @@ pub struct Results {
     pub latency: Vec<Latency>,
     /// Name of the workload whose measured capacity set the latency rates.
     pub latency_capacity_from: Option<String>,
-    /// Latency of every contender at one rate, the share of the slowest one's capacity (who
-    /// that is, and the runs), so contenders are also compared under the same load.
+    /// The contender whose share rate was the lowest, and every contender's latency at that
+    /// rate, so they are also compared under one load.
     pub latency_common: Option<(Contender, Vec<Latency>)>,
     /// Restore runs.
     pub restore: Vec<RestoreSample>,
@@ -87,9 +87,12 @@ fn latency_runs(o: &Options, tag: &str, programs: &Programs, log_dir: &Path, res
             let runs = o
                 .contenders
                 .iter()
-                .filter_map(|&c| match own.iter().find(|l| l.contender == c && c == slowest) {
-                    Some(l) => Some(l.clone()),
-                    None => run(c, rate, "latency-common"),
+                .filter_map(|&c| {
+                    if c == slowest {
+                        own.iter().find(|l| l.contender == c).cloned()
+                    } else {
+                        run(c, rate, "latency-common")
+                    }
                 })
                 .collect();
             Some((slowest, runs))
