@@ -41,10 +41,21 @@ pub struct Latency {
     pub visible: [f64; 3],
     /// CPU steal on the machine during the run (`–` where unknown).
     pub steal: String,
+    /// The p99 of every run of this contender at this rate; this row is the median one.
+    pub p99_of_runs: Vec<f64>,
 }
 
 /// One output: its seq, its append time and when the reader got it (ms since the epoch).
 type Seen = (usize, i64, i64);
+
+/// The run with the median p99 of `runs`, carrying every run's p99; None if there is none.
+pub fn median_run(mut runs: Vec<Latency>) -> Option<Latency> {
+    runs.sort_by(|a, b| a.append[1].total_cmp(&b.append[1]));
+    let p99s = runs.iter().map(|l| l.append[1]).collect();
+    let mut median = runs.get((runs.len().max(1) - 1) / 2)?.clone();
+    median.p99_of_runs = p99s;
+    Some(median)
+}
 
 /// Runs `c` on payments (256 B values, no duplicates) at `rate` records/s for
 /// `o.latency_secs`; the first quarter of the paced records is warm-up and not measured.
@@ -102,6 +113,7 @@ pub fn run(c: Contender, rate: f64, o: &Options, id: &str, programs: &Programs, 
         append: percentiles(append),
         visible: percentiles(visible),
         steal,
+        p99_of_runs: Vec::new(),
     })
 }
 

@@ -108,7 +108,9 @@ const METHOD: &str = r#"
   its append time minus its input's append time (both topics `LogAppendTime`) and, as
   "visible", the time the read_committed reader received it minus the input's append time.
   "Achieved" is the input rate the producer really reached (it shares the 2 cores too); a
-  contender that cannot keep up shows latency growing with the run. "CPU steal" is the share
+  contender that cannot keep up shows latency growing with the run. Each contender runs
+  `TALLY_BENCH_RUNS` times at each rate, rounds interleaved; its row is the run with the median
+  p99. "CPU steal" is the share
   of the machine's CPU time the hypervisor gave to other guests during the run (`/proc/stat`):
   the broker, the producer and the contender all wait through it.
 - **Restore**: tally restoring a changelog of N dedup entries into an empty state directory
@@ -268,13 +270,14 @@ fn latency(w: &mut String, o: &Options, r: &Results) {
 fn latency_table(w: &mut String, runs: &[Latency]) {
     let _ = writeln!(
         w,
-        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal |"
+        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | p99 of each run |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in runs {
+        let p99s: Vec<String> = l.p99_of_runs.iter().map(|p| format!("{p:.0}")).collect();
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
             l.contender.name(),
             int(l.rate),
             int(l.achieved_rate),
@@ -285,7 +288,8 @@ fn latency_table(w: &mut String, runs: &[Latency]) {
             l.visible[0],
             l.visible[1],
             l.visible[2],
-            l.steal
+            l.steal,
+            p99s.join(", ")
         );
     }
 }

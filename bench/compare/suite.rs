@@ -70,31 +70,37 @@ fn latency_runs(o: &Options, tag: &str, programs: &Programs, log_dir: &Path, res
             Some((c, rate))
         })
         .collect();
-    let mut run = |c: Contender, rate: f64, label: &str| {
-        eprintln!("bench: latency of {} at {rate:.0} records/s", c.name());
-        match latency::run(c, rate, o, &format!("{tag}-{label}-{}", c.name()), programs, log_dir) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                results.failures.push(format!("{label} {}: {e:#}", c.name()));
-                None
+    // Rounds outer, contenders inner: a slow phase of the shared machine hits every contender.
+    let mut rounds = |plan: &[(Contender, f64)], label: &str| -> Vec<Latency> {
+        let mut runs: Vec<Vec<Latency>> = vec![Vec::new(); plan.len()];
+        for round in 1..=o.runs {
+            for (&(c, rate), done) in plan.iter().zip(runs.iter_mut()) {
+                eprintln!("bench: {label} run {round} of {} at {rate:.0} records/s", c.name());
+                let id = format!("{tag}-{label}-{}-{round}", c.name());
+                match latency::run(c, rate, o, &id, programs, log_dir) {
+                    Ok(l) => done.push(l),
+                    Err(e) => results
+                        .failures
+                        .push(format!("{label} run {round} of {}: {e:#}", c.name())),
+                }
             }
         }
+        runs.into_iter().filter_map(latency::median_run).collect()
     };
-    let own: Vec<Latency> = rates.iter().filter_map(|&(c, rate)| run(c, rate, "latency")).collect();
+    let own = rounds(&rates, "latency");
     let slowest = rates.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1));
     let common = match slowest {
         Some((slowest, rate)) if o.latency_rate.is_none() && o.contenders.len() > 1 => {
-            let runs = o
+            // The slowest contender's own runs were at this rate already.
+            let others: Vec<(Contender, f64)> = o
                 .contenders
                 .iter()
-                .filter_map(|&c| {
-                    if c == slowest {
-                        own.iter().find(|l| l.contender == c).cloned()
-                    } else {
-                        run(c, rate, "latency-common")
-                    }
-                })
+                .filter(|&&c| c != slowest)
+                .map(|&c| (c, rate))
                 .collect();
+            let mut runs = rounds(&others, "latency-common");
+            runs.extend(own.iter().find(|l| l.contender == slowest).cloned());
+            runs.sort_by_key(|l| o.contenders.iter().position(|&c| c == l.contender));
             Some((slowest, runs))
         }
         _ => None,
