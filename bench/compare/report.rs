@@ -115,7 +115,8 @@ const METHOD: &str = r#"
   the broker, the producer and the contender all wait through it.
 - **Restore**: tally restoring a changelog of N dedup entries into an empty state directory
   (its `restore finished` log line) versus a raw read_committed consume of the same changelog
-  with tally's restore-consumer settings.
+  (10 ms fetch waits like tally's restore consumer; librdkafka's fetch sizes, the faster ones for
+  a raw read).
 "#;
 
 fn range(v: &[f64]) -> (f64, f64) {

@@ -1,5 +1,8 @@
 //! Restore speed: tally rebuilding an empty dedup store from a changelog of N entries, versus a
-//! raw read_committed consume of the same changelog with tally's restore-consumer settings.
+//! raw read_committed consume of the same changelog: 10 ms fetch waits like tally's restore
+//! consumer, librdkafka's fetch sizes (1 MiB per partition, 64 MiB queue), which read faster
+//! here than tally's 16 MiB fetches do without a store to write (263-295k records/s against
+//! 368-725k).
 
 use crate::contender::{self, Contender, Programs, RunNames};
 use crate::kafka;
