@@ -52,7 +52,7 @@ type Seen = (usize, i64, i64);
 pub fn median_run(mut runs: Vec<Latency>) -> Option<Latency> {
     runs.sort_by(|a, b| a.append[1].total_cmp(&b.append[1]));
     let p99s = runs.iter().map(|l| l.append[1]).collect();
-    let mut median = runs.get((runs.len().max(1) - 1) / 2)?.clone();
+    let mut median = runs.get(runs.len().saturating_sub(1) / 2)?.clone();
     median.p99_of_runs = p99s;
     Some(median)
 }

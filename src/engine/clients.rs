@@ -63,15 +63,10 @@ pub fn restore_consumer(t: &Topology) -> ClientConfig {
         // A restore reads one partition, and fetch round trips bound it: 16 MiB per fetch
         // instead of librdkafka's 1 MiB restored 300-320k records/s instead of 180-225k
         // (scripts/bench's restore runs). Two fetches' worth of queue, not the default 64 MiB.
-        .set_if_absent("max.partition.fetch.bytes", RESTORE_FETCH_BYTES)
-        .set_if_absent("queued.max.messages.kbytes", RESTORE_QUEUE_KBYTES);
+        .set_if_absent("max.partition.fetch.bytes", "16777216")
+        .set_if_absent("queued.max.messages.kbytes", "32768");
     c
 }
-
-/// Bytes a restore consumer fetches per request (`max.partition.fetch.bytes`).
-const RESTORE_FETCH_BYTES: &str = "16777216";
-/// The restore consumer's prefetch queue (`queued.max.messages.kbytes`): two fetches.
-const RESTORE_QUEUE_KBYTES: &str = "32768";
 
 trait SetIfAbsent {
     fn set_if_absent(&mut self, key: &str, value: &str) -> &mut Self;
