@@ -51,12 +51,17 @@ pub fn classify(err: &KafkaError) -> ErrorClass {
             | RDKafkaErrorCode::IllegalGeneration
             | RDKafkaErrorCode::UnknownMemberId
             | RDKafkaErrorCode::MessageSizeTooLarge
-            | RDKafkaErrorCode::InvalidRecord,
+            | RDKafkaErrorCode::InvalidRecord
+            // A produce refused because the transaction hit an abortable error (a fatal error
+            // is reported as `Fatal` by librdkafka).
+            | RDKafkaErrorCode::State,
         ) => ErrorClass::Abortable,
         _ => ErrorClass::Fatal,
     }
 }
 
+/// Producer fencing and epoch errors only, as Kafka Streams' `StreamsProducer` maps them: a
+/// missing ACL is not a migration (rejoining would only loop), it is fatal.
 fn is_fencing(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
@@ -64,8 +69,55 @@ fn is_fencing(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::InvalidProducerEpoch
             | RDKafkaErrorCode::Fenced
             | RDKafkaErrorCode::FencedInstanceId
-            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
     )
+}
+
+/// The step of a transaction a Kafka error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnStep {
+    /// Producing a record into the open transaction (or beginning it).
+    Produce,
+    /// Adding the consumed offsets (`send_offsets_to_transaction`), before any EndTxn.
+    SendOffsets,
+    /// `commit_transaction`: the EndTxn request, which the coordinator may have written
+    /// (PrepareCommit) although the call failed.
+    EndTxn,
+}
+
+/// What the stream thread does about a failed transactional step.
+#[derive(Debug)]
+pub enum Recovery {
+    /// Nothing of the transaction can have committed: abort it, drop the stores' uncommitted
+    /// writes and rewind the consumed partitions to the transaction's first records.
+    AbortAndRewind,
+    /// The outcome is unknown or the clients are unusable: never commit or rewind on this
+    /// transaction; end the generation (the next producer's `init_transactions` completes or
+    /// aborts it on the broker, and the tasks restore whatever committed).
+    Restart(EngineError),
+}
+
+/// The one decision for every failed transactional step.
+///
+/// A timed-out or otherwise failed `commit_transaction` is ambiguous unless librdkafka says the
+/// transaction must be aborted: the coordinator may have written PrepareCommit and will complete
+/// the commit, so aborting locally and processing the records again would make them visible
+/// twice, and dropping them as committed would lose them if it aborted.
+pub fn recovery(err: KafkaError, step: TxnStep) -> Recovery {
+    let class = classify(&err);
+    let requires_abort = matches!(&err, KafkaError::Transaction(e) if e.txn_requires_abort());
+    match (class, step) {
+        (ErrorClass::Fenced, _) => Recovery::Restart(EngineError::TaskMigrated(format!("{step:?}: {err}"))),
+        (ErrorClass::Abortable, TxnStep::EndTxn) if requires_abort => Recovery::AbortAndRewind,
+        (ErrorClass::Abortable | ErrorClass::Retriable, TxnStep::Produce | TxnStep::SendOffsets) => {
+            Recovery::AbortAndRewind
+        }
+        (_, TxnStep::EndTxn) => Recovery::Restart(EngineError::Fatal(
+            anyhow::Error::new(err).context("committing the transaction (outcome unknown)"),
+        )),
+        (ErrorClass::Fatal, _) => Recovery::Restart(EngineError::Fatal(
+            anyhow::Error::new(err).context(format!("{step:?} in the transaction")),
+        )),
+    }
 }
 
 /// Why a stream thread's generation ended.
@@ -101,6 +153,32 @@ mod tests {
         assert_eq!(c(RDKafkaErrorCode::InvalidProducerEpoch), ErrorClass::Fenced);
         assert_eq!(c(RDKafkaErrorCode::RebalanceInProgress), ErrorClass::Abortable);
         assert_eq!(c(RDKafkaErrorCode::TopicAuthorizationFailed), ErrorClass::Fatal);
+    }
+
+    #[test]
+    fn a_commit_of_unknown_outcome_is_never_aborted_and_rewound() {
+        // rdkafka offers no constructor for its transaction errors; the code carries the class.
+        let timed_out = KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut);
+        assert!(matches!(
+            recovery(timed_out.clone(), TxnStep::EndTxn),
+            Recovery::Restart(EngineError::Fatal(_))
+        ));
+        assert!(matches!(
+            recovery(timed_out, TxnStep::SendOffsets),
+            Recovery::AbortAndRewind
+        ));
+        let refused = KafkaError::MessageProduction(RDKafkaErrorCode::State);
+        assert!(matches!(recovery(refused, TxnStep::Produce), Recovery::AbortAndRewind));
+        let fenced = KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced);
+        assert!(matches!(
+            recovery(fenced, TxnStep::EndTxn),
+            Recovery::Restart(EngineError::TaskMigrated(_))
+        ));
+        let denied = KafkaError::MessageProduction(RDKafkaErrorCode::TransactionalIdAuthorizationFailed);
+        assert!(matches!(
+            recovery(denied, TxnStep::Produce),
+            Recovery::Restart(EngineError::Fatal(_))
+        ));
     }
 
     #[test]

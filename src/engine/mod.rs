@@ -15,6 +15,7 @@ pub mod restore;
 pub mod standby;
 pub mod stream_thread;
 pub mod task;
+pub mod txn;
 
 use crate::metrics::Metrics;
 use crate::store::{GlobalMappings, StoreEnv};

@@ -1,6 +1,6 @@
 //! The transactional producer of a stream thread, and the changelog offsets it delivered.
 
-use super::errors::{classify, ErrorClass};
+use super::errors::{classify, ErrorClass, TxnStep};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 /// How often `await_deliveries` looks at the in-flight count.
 const DELIVERY_CHECK: Duration = Duration::from_micros(500);
+/// The timeout of one `commit_transaction` call; a timed-out call is repeated within the
+/// producer's timeout.
+const END_TXN_CALL: Duration = Duration::from_secs(5);
 
 /// Highest delivered offset per (topic, partition) since the last take.
 type Delivered = HashMap<(String, i32), i64>;
@@ -117,19 +120,27 @@ impl TxnProducer {
     }
 
     /// Adds the consumed offsets to the transaction and commits it. Returns the highest
-    /// delivered offset per partition.
-    pub fn commit(&mut self, offsets: &TopicPartitionList, group: &ConsumerGroupMetadata) -> KafkaResult<Delivered> {
-        self.begin()?;
+    /// delivered offset per partition, or the error with the step it came from (the step
+    /// decides whether an abort is safe: see [`super::errors::recovery`]).
+    pub fn commit(
+        &mut self,
+        offsets: &TopicPartitionList,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<Delivered, (KafkaError, TxnStep)> {
+        self.begin().map_err(|e| (e, TxnStep::Produce))?;
         let started = Instant::now();
         self.await_deliveries();
         let delivered_at = Instant::now();
         if offsets.count() > 0 {
             retry(self.timeout, || {
                 self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
-            })?;
+            })
+            .map_err(|e| (e, TxnStep::SendOffsets))?;
         }
         let offsets_at = Instant::now();
-        retry(self.timeout, || self.producer.commit_transaction(self.timeout))?;
+        // A commit that timed out is resumed by calling it again (librdkafka keeps its state),
+        // in shorter calls so a broker back within the budget completes it.
+        retry(self.timeout, || self.producer.commit_transaction(END_TXN_CALL)).map_err(|e| (e, TxnStep::EndTxn))?;
         self.in_transaction = false;
         tracing::debug!(
             deliveries_us = delivered_at.duration_since(started).as_micros() as u64,

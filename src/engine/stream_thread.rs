@@ -3,13 +3,14 @@
 
 use super::clients;
 use super::emit::{Counts, ProcessError};
-use super::errors::{classify, EngineError, ErrorClass};
+use super::errors::{classify, recovery, EngineError, ErrorClass, Recovery, TxnStep};
 use super::group_watch::RejoinRequests;
 use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore;
 use super::task::{PipelineTask, Sinks, Task, Work};
+use super::txn::{Phase, Txn};
 use super::Shutdown;
 use crate::metrics::consumer_lag::ConsumerLag;
 use crate::metrics::Metrics;
@@ -19,6 +20,7 @@ use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
 use crate::topology::{Stage, Topology};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -99,8 +101,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         producer,
         purger,
         tasks: HashMap::new(),
-        pending_since: None,
-        pending_records: 0,
+        txn: Txn::default(),
         restore_config: clients::restore_consumer(t),
         failure: None,
         to_open: Vec::new(),
@@ -119,6 +120,19 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         .subscribe(&topics)
         .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing")))?;
     tracing::info!(thread = cfg.index, transactional_id = %txn_id, "stream thread started");
+    let ended = run_loop(cfg, &consumer, &topics);
+    if let Err(e) = &ended {
+        // The consumer closes when it drops, and its revoke callback must not commit what the
+        // error left behind (a record half written, a commit of unknown outcome).
+        if let Ok(mut st) = consumer.context().state.lock() {
+            st.poison(e);
+        }
+    }
+    ended
+}
+
+/// The poll loop of one generation; returns when the instance stops or the generation fails.
+fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: &[&str]) -> Result<(), EngineError> {
     let ctx = consumer.context();
     let mut rejoin_at: Option<Instant> = None;
     let mut wait = POLL;
@@ -130,7 +144,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         }
         st.open_assigned()?;
         match polled {
-            Some(Ok(msg)) => st.process(&consumer, &msg)?,
+            Some(Ok(msg)) => st.process(consumer, &msg)?,
             Some(Err(e)) => match classify(&e) {
                 ErrorClass::Fenced => return Err(EngineError::TaskMigrated(e.to_string())),
                 _ => tracing::warn!(error = %e, "consumer error"),
@@ -141,11 +155,11 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         let now = Instant::now();
         if now.duration_since(st.last_housekeeping) >= HOUSEKEEPING {
             st.last_housekeeping = now;
-            st.tick(&consumer)?;
+            st.tick(consumer)?;
             st.report_stores();
         }
         if st.commit_due(now) {
-            st.commit(&consumer)?;
+            st.commit(consumer)?;
         }
         wait = st.poll_wait(now);
         if cfg.rejoin.take(cfg.index) && rejoin_at.is_none() {
@@ -157,12 +171,12 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         if rejoin_at.is_some_and(|at| Instant::now() >= at && st.tasks.is_empty() && st.to_open.is_empty()) {
             rejoin_at = None;
             consumer
-                .subscribe(&topics)
+                .subscribe(topics)
                 .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing again after leaving the group")))?;
             tracing::info!(thread = cfg.index, "left the group and joined it again");
         }
     }
-    lock(ctx)?.commit(&consumer)?;
+    lock(ctx)?.commit(consumer)?;
     tracing::info!(
         thread = cfg.index,
         "stream thread stopping: last transaction committed, leaving the group"
@@ -197,15 +211,25 @@ impl ConsumerContext for StreamContext {
         st.cfg.metrics.rebalances.inc();
         match rebalance {
             Rebalance::Revoke(tpl) => {
-                // The revoked tasks' work must be committed (or aborted) before they go.
-                if st.failure.is_none() {
+                // The revoked tasks' work must be committed (or aborted) before they go. Lost
+                // partitions (the member was dropped from the group) may already be processed
+                // by their new owner: never commit for them, as Kafka Streams closes them dirty.
+                if consumer.assignment_lost() {
+                    tracing::warn!(
+                        "partitions lost (the group moved on without this member); aborting the open transaction"
+                    );
+                    st.poison(&EngineError::TaskMigrated("partitions lost".into()));
+                    st.failure
+                        .get_or_insert(EngineError::TaskMigrated("partitions lost".into()));
+                } else if st.txn.may_commit() {
                     if let Err(e) = st.commit(consumer) {
-                        st.abort_quietly();
+                        st.poison(&e);
                         st.failure = Some(e);
                     }
                 }
                 for el in tpl.elements() {
                     let key = (el.topic().to_string(), el.partition());
+                    st.txn.forget(&key);
                     if st.tasks.remove(&key).is_some() {
                         tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
                     }
@@ -243,8 +267,8 @@ struct ThreadState {
     producer: TxnProducer,
     purger: Purger,
     tasks: HashMap<(String, i32), Box<dyn Task>>,
-    pending_since: Option<Instant>,
-    pending_records: usize,
+    /// The open transaction.
+    txn: Txn,
     restore_config: ClientConfig,
     failure: Option<EngineError>,
     /// Assigned partitions whose tasks are still to open and restore.
@@ -291,17 +315,21 @@ impl ThreadState {
         self.lookup.0.clear();
         self.lookup.0.push_str(msg.topic());
         self.lookup.1 = msg.partition();
-        if !self.tasks.contains_key(&self.lookup) {
-            let task = self.open_task(msg.topic(), msg.partition())?;
-            self.tasks.insert(self.lookup.clone(), task);
-        }
+        let Some(task) = self.tasks.get_mut(&self.lookup) else {
+            // Every assigned partition's task is opened before a record is processed, so this
+            // partition is not (or no longer) this member's: its owner processes the record.
+            // Processing it here would write it a second time, in another transaction.
+            tracing::warn!(
+                topic = msg.topic(),
+                partition = msg.partition(),
+                offset = msg.offset(),
+                "record of a partition this thread does not own; skipped"
+            );
+            return Ok(());
+        };
         let key = &self.lookup;
-        let task = self
-            .tasks
-            .get_mut(key)
-            .ok_or_else(|| EngineError::Fatal(anyhow!("task {}[{}] vanished", key.0, key.1)))?;
-        self.pending_since.get_or_insert_with(Instant::now);
-        self.pending_records += 1;
+        // Before anything of the record is written: an abort rewinds to it.
+        self.txn.consumed(key, msg.offset());
         match task.process(msg, &mut self.producer) {
             Ok(()) => Ok(()),
             Err(e) => self.process_failed(consumer, e),
@@ -313,13 +341,24 @@ impl ThreadState {
     fn process_failed(&mut self, consumer: &BaseConsumer<StreamContext>, e: ProcessError) -> Result<(), EngineError> {
         match e {
             ProcessError::Engine(e) => Err(e),
-            ProcessError::Kafka(e) => match classify(&e) {
-                ErrorClass::Abortable | ErrorClass::Retriable => {
-                    tracing::warn!(error = %e, "produce failed; aborting the transaction and rewinding");
-                    self.abort_and_rewind(consumer)
-                }
-                _ => Err(EngineError::from_kafka(e, "producing")),
-            },
+            ProcessError::Kafka(e) => self.recover(consumer, e, TxnStep::Produce),
+        }
+    }
+
+    /// Acts on a failed transactional step as [`recovery`] decides.
+    fn recover(
+        &mut self,
+        consumer: &BaseConsumer<StreamContext>,
+        e: KafkaError,
+        step: TxnStep,
+    ) -> Result<(), EngineError> {
+        let shown = e.to_string();
+        match recovery(e, step) {
+            Recovery::AbortAndRewind => {
+                tracing::warn!(error = %shown, ?step, "aborting the transaction and rewinding");
+                self.abort_and_rewind(consumer)
+            }
+            Recovery::Restart(e) => Err(e),
         }
     }
 
@@ -422,16 +461,9 @@ impl ThreadState {
         for task in self.tasks.values_mut() {
             match task.tick(now, &mut self.producer) {
                 Ok(false) => {}
-                Ok(true) => {
-                    self.pending_since.get_or_insert_with(Instant::now);
-                }
+                Ok(true) => self.txn.wrote(),
                 Err(ProcessError::Engine(e)) => return Err(e),
-                Err(ProcessError::Kafka(e)) => {
-                    return match classify(&e) {
-                        ErrorClass::Abortable | ErrorClass::Retriable => self.abort_and_rewind(consumer),
-                        _ => Err(EngineError::from_kafka(e, "periodic task work")),
-                    }
-                }
+                Err(ProcessError::Kafka(e)) => return self.recover(consumer, e, TxnStep::Produce),
             }
         }
         Ok(())
@@ -453,27 +485,31 @@ impl ThreadState {
     /// librdkafka has no KIP-890): 25-50 ms per commit instead of ~10, twice the transactions,
     /// and no better latency (bench A/B at 17,000 records/s in the #7 notes).
     fn commit_due(&self, now: Instant) -> bool {
-        self.pending_since
-            .is_some_and(|s| now.duration_since(s) >= self.cfg.topology.processing.commit_interval)
-            || self.pending_records >= MAX_RECORDS_PER_TRANSACTION
+        self.txn.due(
+            now,
+            self.cfg.topology.processing.commit_interval,
+            MAX_RECORDS_PER_TRANSACTION,
+        )
     }
 
     /// How long the next poll may wait: until the open transaction is due, so a quiet input
     /// does not hold a record past its commit interval.
     fn poll_wait(&self, now: Instant) -> Duration {
-        match self.pending_since {
-            Some(s) => (s + self.cfg.topology.processing.commit_interval)
-                .saturating_duration_since(now)
-                .min(POLL),
-            None => POLL,
-        }
+        self.txn
+            .poll_wait(now, self.cfg.topology.processing.commit_interval, POLL)
     }
 
     /// Commits the open transaction with every task's consumed offsets, then applies the
     /// stores' overlays. An abortable failure aborts and rewinds instead.
     fn commit(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        if self.pending_since.is_none() && !self.producer.in_transaction() {
-            return Ok(());
+        match self.txn.phase() {
+            Phase::Poisoned => {
+                return Err(EngineError::Fatal(anyhow!(
+                    "refusing to commit a transaction an earlier error left in an unknown state"
+                )))
+            }
+            Phase::Idle if !self.producer.in_transaction() => return Ok(()),
+            Phase::Idle | Phase::Open { .. } => {}
         }
         let flushed = self.tasks.values_mut().try_for_each(|t| t.flush(&mut self.producer));
         if let Err(e) = flushed {
@@ -493,16 +529,9 @@ impl ThreadState {
         let started = Instant::now();
         let delivered = match self.producer.commit(&offsets, &group) {
             Ok(d) => d,
-            Err(e) => {
-                return match classify(&e) {
-                    ErrorClass::Abortable | ErrorClass::Retriable => {
-                        tracing::warn!(error = %e, "commit failed; aborting the transaction and rewinding");
-                        self.abort_and_rewind(consumer)
-                    }
-                    _ => Err(EngineError::from_kafka(e, "committing the transaction")),
-                };
-            }
+            Err((e, step)) => return self.recover(consumer, e, step),
         };
+        self.txn.committed();
         let m = &self.cfg.metrics;
         m.commit_latency.observe(started.elapsed().as_secs_f64());
         m.transactions_committed.inc();
@@ -514,50 +543,37 @@ impl ThreadState {
             publish(m, task.as_ref(), &counts);
         }
         self.purger.maybe_purge();
-        self.pending_since = None;
-        self.pending_records = 0;
         Ok(())
     }
 
-    /// Aborts the transaction, drops uncommitted store writes and rewinds every task to its
-    /// committed offset, so the aborted records are processed again.
+    /// Aborts the transaction, drops uncommitted store writes and rewinds every partition the
+    /// transaction consumed from to its first record in it, so the aborted records are
+    /// processed again.
     fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
         self.producer
             .abort()
             .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
         self.cfg.metrics.transactions_aborted.inc();
-        let mut positions = TopicPartitionList::new();
-        for ((topic, partition), task) in self.tasks.iter_mut() {
-            task.aborted();
-            positions.add_partition(topic, *partition);
-        }
-        self.pending_since = None;
-        self.pending_records = 0;
-        if positions.count() == 0 {
-            return Ok(());
-        }
-        let committed = consumer
-            .committed_offsets(positions, KAFKA_TIMEOUT)
-            .map_err(|e| EngineError::from_kafka(e, "reading committed offsets to rewind"))?;
-        for el in committed.elements() {
-            let target = match el.offset() {
-                Offset::Offset(o) => Offset::Offset(o),
-                _ => Offset::Beginning,
-            };
+        self.tasks.values_mut().for_each(|t| t.aborted());
+        for ((topic, partition), offset) in self.txn.aborted() {
             consumer
-                .seek(el.topic(), el.partition(), target, KAFKA_TIMEOUT)
+                .seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
                 .map_err(|e| EngineError::from_kafka(e, "rewinding after an abort"))?;
         }
         Ok(())
     }
 
-    fn abort_quietly(&mut self) {
+    /// The generation ends on `cause` with the transaction in an unknown state: abort it as
+    /// far as Kafka lets us, drop every uncommitted store write, and never commit again.
+    fn poison(&mut self, cause: &EngineError) {
+        if self.txn.may_commit() {
+            tracing::warn!(error = %cause, "aborting the open transaction: the stream thread restarts its clients and tasks");
+        }
+        self.txn.poison();
         if let Err(e) = self.producer.abort() {
-            tracing::warn!(error = %e, "abort failed");
+            tracing::warn!(error = %e, "abort failed; the next producer with this transactional id aborts the transaction");
         }
         self.tasks.values_mut().for_each(|t| t.aborted());
-        self.pending_since = None;
-        self.pending_records = 0;
     }
 }
 

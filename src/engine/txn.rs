@@ -1,0 +1,206 @@
+//! The open transaction of a stream thread as an explicit state: idle, open (since when, how
+//! many records, where each consumed partition must rewind to), or poisoned (an error left its
+//! outcome unknown, so nothing may commit it before the generation ends).
+//!
+//! The rewind positions are what makes an abort exact: a partition rewinds to the first offset
+//! this transaction consumed from it, which is by construction the offset the last committed
+//! transaction handed on. Asking the group coordinator instead (an OffsetFetch) fails or answers
+//! per partition while the broker restarts or a transaction's markers are in flight, and an
+//! unanswered partition was sent to its beginning: a replay of committed work.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// A consumed partition: (topic, partition).
+pub type Partition = (String, i32);
+
+/// Where the transaction stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Nothing written since the last commit or abort.
+    Idle,
+    /// Records consumed or written since `since`.
+    Open {
+        /// When the first record of the transaction was taken.
+        since: Instant,
+        /// Records consumed in it.
+        records: usize,
+    },
+    /// An error interrupted the thread with the transaction in an unknown state: it must never
+    /// commit (the rebalance callbacks of the closing consumer included); the next generation's
+    /// producer resolves it on the broker and its tasks restore what was committed.
+    Poisoned,
+}
+
+/// The open transaction's phase and rewind positions.
+#[derive(Debug)]
+pub struct Txn {
+    phase: Phase,
+    rewind: HashMap<Partition, i64>,
+}
+
+impl Default for Txn {
+    fn default() -> Self {
+        Self {
+            phase: Phase::Idle,
+            rewind: HashMap::new(),
+        }
+    }
+}
+
+impl Txn {
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Notes a record about to be processed, before anything of it is written: its partition
+    /// rewinds to it if this is the transaction's first record from there.
+    pub fn consumed(&mut self, partition: &Partition, offset: i64) {
+        if !self.rewind.contains_key(partition) {
+            self.rewind.insert(partition.clone(), offset);
+        }
+        match &mut self.phase {
+            Phase::Open { records, .. } => *records += 1,
+            Phase::Idle => {
+                self.phase = Phase::Open {
+                    since: Instant::now(),
+                    records: 1,
+                }
+            }
+            Phase::Poisoned => {}
+        }
+    }
+
+    /// Notes records written without a consumed record (periodic work: expiry, alerts).
+    pub fn wrote(&mut self) {
+        if self.phase == Phase::Idle {
+            self.phase = Phase::Open {
+                since: Instant::now(),
+                records: 0,
+            };
+        }
+    }
+
+    /// True when the transaction should commit now: it has waited `interval` since its first
+    /// record, or holds `max_records`.
+    pub fn due(&self, now: Instant, interval: Duration, max_records: usize) -> bool {
+        match self.phase {
+            Phase::Open { since, records } => now.duration_since(since) >= interval || records >= max_records,
+            Phase::Idle | Phase::Poisoned => false,
+        }
+    }
+
+    /// How long a poll may wait without holding an open transaction past `interval`.
+    pub fn poll_wait(&self, now: Instant, interval: Duration, max: Duration) -> Duration {
+        match self.phase {
+            Phase::Open { since, .. } => (since + interval).saturating_duration_since(now).min(max),
+            Phase::Idle | Phase::Poisoned => max,
+        }
+    }
+
+    /// True when a commit may be attempted (it may still fail).
+    pub fn may_commit(&self) -> bool {
+        self.phase != Phase::Poisoned
+    }
+
+    /// The commit succeeded: a new transaction starts from here.
+    pub fn committed(&mut self) {
+        debug_assert!(self.may_commit(), "a poisoned transaction committed");
+        self.phase = Phase::Idle;
+        self.rewind.clear();
+    }
+
+    /// The abort succeeded: returns where each partition the transaction consumed from must
+    /// be rewound to, and starts over.
+    pub fn aborted(&mut self) -> HashMap<Partition, i64> {
+        if self.phase != Phase::Poisoned {
+            self.phase = Phase::Idle;
+        }
+        std::mem::take(&mut self.rewind)
+    }
+
+    /// Forgets a partition that left this thread (revoked after the commit or abort).
+    pub fn forget(&mut self, partition: &Partition) {
+        self.rewind.remove(partition);
+    }
+
+    /// The transaction's outcome is unknown: it must not commit any more.
+    pub fn poison(&mut self) {
+        self.phase = Phase::Poisoned;
+        self.rewind.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(n: i32) -> Partition {
+        ("in".to_string(), n)
+    }
+
+    #[test]
+    fn abort_rewinds_each_partition_to_its_first_record_of_the_transaction() {
+        let mut t = Txn::default();
+        t.consumed(&p(0), 10);
+        t.consumed(&p(0), 11);
+        t.consumed(&p(1), 5);
+        t.consumed(&p(0), 12);
+        let rewind = t.aborted();
+        assert_eq!(rewind.get(&p(0)), Some(&10));
+        assert_eq!(rewind.get(&p(1)), Some(&5));
+        assert_eq!(t.phase(), Phase::Idle);
+        assert!(
+            t.aborted().is_empty(),
+            "the next abort rewinds nothing unless records are taken"
+        );
+    }
+
+    #[test]
+    fn a_commit_moves_the_rewind_point_to_the_next_transaction() {
+        let mut t = Txn::default();
+        t.consumed(&p(0), 10);
+        t.committed();
+        t.consumed(&p(0), 11);
+        assert_eq!(t.aborted().get(&p(0)), Some(&11));
+    }
+
+    #[test]
+    fn due_after_the_interval_or_at_the_record_cap_and_never_when_idle() {
+        let mut t = Txn::default();
+        let now = Instant::now();
+        assert!(!t.due(now, Duration::ZERO, 1), "idle never commits");
+        t.wrote();
+        assert!(t.due(Instant::now(), Duration::ZERO, 100));
+        assert!(!t.due(Instant::now(), Duration::from_secs(60), 100));
+        t.consumed(&p(0), 1);
+        t.consumed(&p(0), 2);
+        assert!(t.due(Instant::now(), Duration::from_secs(60), 2), "record cap");
+    }
+
+    #[test]
+    fn a_poisoned_transaction_never_commits_or_becomes_idle() {
+        let mut t = Txn::default();
+        t.consumed(&p(0), 3);
+        t.poison();
+        assert!(!t.may_commit());
+        assert!(!t.due(Instant::now() + Duration::from_secs(3600), Duration::ZERO, 0));
+        t.consumed(&p(0), 4);
+        assert!(
+            t.aborted().get(&p(0)).is_some(),
+            "positions are still noted for the abort"
+        );
+        assert_eq!(t.phase(), Phase::Poisoned, "an abort does not clear the poison");
+    }
+
+    #[test]
+    fn a_revoked_partition_is_not_rewound() {
+        let mut t = Txn::default();
+        t.consumed(&p(0), 3);
+        t.consumed(&p(1), 7);
+        t.forget(&p(0));
+        let rewind = t.aborted();
+        assert_eq!((rewind.get(&p(0)), rewind.get(&p(1))), (None, Some(&7)));
+    }
+}
