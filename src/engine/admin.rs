@@ -3,7 +3,7 @@
 use super::clients;
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use std::collections::BTreeMap;
@@ -107,6 +107,58 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
         Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(None),
         Some(e) => bail!("metadata of topic `{topic}`: {}", RDKafkaErrorCode::from(e)),
     }
+}
+
+/// librdkafka's default `message.max.bytes`, when `kafka.properties` does not set it.
+const PRODUCER_DEFAULT_MAX_BYTES: usize = 1_000_000;
+
+/// The largest record tally can write, and what sets it: the producer's `message.max.bytes`
+/// or the smallest `max.message.bytes` of the topics tally writes (outputs, dead letters,
+/// trace, alerts, changelogs, repartition and mappings topics). Call after `prepare_topics`.
+pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
+    let producer = match t.kafka.properties.get("message.max.bytes") {
+        Some(v) => v
+            .parse::<usize>()
+            .with_context(|| format!("`kafka.properties.message.max.bytes` is `{v}`, not a number of bytes"))?,
+        None => PRODUCER_DEFAULT_MAX_BYTES,
+    };
+    let mut limit = (producer, "the producer's `message.max.bytes`".to_string());
+    let mut topics: Vec<String> = vec![t.dead_letter_topic.clone()];
+    for p in &t.pipelines {
+        topics.push(p.output.topic.clone());
+        topics.extend(p.store_names().iter().map(|s| t.changelog_topic(s)));
+        topics.extend(p.repartition.as_ref().map(|r| r.topic.clone()));
+    }
+    topics.extend(t.trace.as_ref().map(|tr| tr.topic.clone()));
+    if let Some(r) = &t.reconcile {
+        topics.push(r.alerts_topic.clone());
+        topics.push(t.changelog_topic(Topology::RECONCILE_STORE));
+    }
+    topics.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
+    topics.sort();
+    topics.dedup();
+    let admin: AdminClient<DefaultClientContext> = clients::base(t)
+        .create()
+        .context("cannot create the Kafka admin client; check `kafka.properties`")?;
+    let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|n| ResourceSpecifier::Topic(n)).collect();
+    let results = rt
+        .block_on(admin.describe_configs(
+            &specifiers,
+            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
+        ))
+        .context("cannot read the configuration of the topics tally writes")?;
+    for (topic, result) in topics.iter().zip(results) {
+        let config =
+            result.map_err(|code| anyhow::anyhow!("cannot read the configuration of topic `{topic}`: {code}"))?;
+        let bytes = config
+            .get("max.message.bytes")
+            .and_then(|e| e.value.as_deref())
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(bytes) = bytes.filter(|b| *b < limit.0) {
+            limit = (bytes, format!("topic `{topic}`'s `max.message.bytes`"));
+        }
+    }
+    Ok(limit)
 }
 
 /// Creates an internal topic unless it exists, then waits until metadata shows it with

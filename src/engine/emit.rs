@@ -1,13 +1,14 @@
 //! What a task writes into the open transaction besides changelogs: outputs, dead letters,
 //! pending-create markers and trace records, with the headers tally sets and the counts.
 
+use super::headers;
 use super::producer::{Outgoing, TxnProducer};
 use crate::processors::idmap::pending_key;
 use crate::processors::{Decision, Processed, Reason, Rejection};
 use crate::store::Change;
 use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::Message;
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
@@ -21,6 +22,11 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "tally.idempotency_key";
 pub const REASON_HEADER: &str = "tally.error.reason";
 /// Human-readable detail of a dead-letter reason.
 pub const DETAIL_HEADER: &str = "tally.error.detail";
+/// The longest `tally.error.detail` written, in characters.
+const MAX_DETAIL_CHARS: usize = 1024;
+/// On a dead letter whose original payload did not fit: the payload's size in bytes (the
+/// original stays in the source topic at the `tally.source.*` coordinates).
+pub const PAYLOAD_OMITTED_HEADER: &str = "tally.error.payload_omitted";
 /// Source topic of an event (on dead letters, and on records crossing a repartition topic).
 pub const SOURCE_TOPIC_HEADER: &str = "tally.source.topic";
 /// Source partition of an event.
@@ -69,14 +75,16 @@ pub struct SourcePlace {
 }
 
 impl SourcePlace {
-    /// The place a consumed record stands for: its own, or the one its headers carry.
-    pub fn of(msg: &BorrowedMessage<'_>) -> Self {
+    /// The place a consumed record stands for: its own, or, when `trusted` (a repartition topic
+    /// only tally writes), the one its headers carry. On a source topic the headers are anyone's
+    /// to set, and must not spoof dead-letter coordinates or trace event ids.
+    pub fn of(msg: &BorrowedMessage<'_>, trusted: bool) -> Self {
         let (mut topic, mut partition, mut offset) = (None, None, None);
-        for h in msg.headers().iter().flat_map(|hs| hs.iter()) {
-            let slot = match h.key {
-                SOURCE_TOPIC_HEADER => &mut topic,
-                SOURCE_PARTITION_HEADER => &mut partition,
-                SOURCE_OFFSET_HEADER => &mut offset,
+        for h in headers::entries(msg).filter(|_| trusted) {
+            let slot = match h.name {
+                n if n == SOURCE_TOPIC_HEADER.as_bytes() => &mut topic,
+                n if n == SOURCE_PARTITION_HEADER.as_bytes() => &mut partition,
+                n if n == SOURCE_OFFSET_HEADER.as_bytes() => &mut offset,
                 _ => continue,
             };
             // The first occurrence decides, as for every header tally reads.
@@ -126,6 +134,8 @@ pub struct Emitter {
     pub trace: Option<TraceSink>,
     /// The header the correlation id is read from and written to.
     pub correlation_header: String,
+    /// True when the task reads a repartition topic, whose `tally.source.*` headers tally wrote.
+    pub trusts_source_headers: bool,
     /// What the open transaction did.
     pub counts: Counts,
 }
@@ -184,7 +194,7 @@ impl Emitter {
                 payload,
                 pending,
             } => {
-                let mut headers = copy_headers(msg, &self.correlation_header)
+                let mut headers = headers::copy_except(msg, &self.correlation_header)
                     .insert(header(&self.correlation_header, corr))
                     .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
                 if !pending.is_empty() {
@@ -263,14 +273,21 @@ impl Emitter {
                 )
             }
             Decision::Reject(_) => {
-                self.dead_letter(producer, msg, place.get_or_init(|| SourcePlace::of(msg)), processed)?;
+                self.dead_letter(
+                    producer,
+                    msg,
+                    place.get_or_init(|| SourcePlace::of(msg, self.trusts_source_headers)),
+                    processed,
+                )?;
                 (None, Status::Failed, Some(Outcome::DeadLetter))
             }
         };
         if self.trace.is_none() {
             return Ok(());
         }
-        let event_id = place.get_or_init(|| SourcePlace::of(msg)).event_id();
+        let event_id = place
+            .get_or_init(|| SourcePlace::of(msg, self.trusts_source_headers))
+            .event_id();
         self.trace(producer, &event_id, key, corr, status, outcome)
     }
 
@@ -295,16 +312,42 @@ impl Emitter {
                 "record dead-lettered"
             )
         });
-        let headers = copy_headers(msg, &self.correlation_header)
-            .insert(header(&self.correlation_header, &processed.correlation_id))
-            .insert(header(REASON_HEADER, reason.as_str()))
-            .insert(header(DETAIL_HEADER, detail));
+        // Details are tally's sentences, but may quote input; a dead letter's header stays small.
+        let detail = match detail.char_indices().nth(MAX_DETAIL_CHARS) {
+            Some((cut, _)) => &detail[..cut],
+            None => detail.as_str(),
+        };
+        let ours = |copied: OwnedHeaders| {
+            place.headers(
+                copied
+                    .insert(header(&self.correlation_header, &processed.correlation_id))
+                    .insert(header(REASON_HEADER, reason.as_str()))
+                    .insert(header(DETAIL_HEADER, detail)),
+            )
+        };
+        // A dead letter must always fit: what makes it too large is left out, payload first,
+        // then the key, then the input's own headers; the reason and the source's coordinates
+        // (to fetch the original from the source topic) always stay.
+        let mut key = msg.key();
+        let mut payload = msg.payload();
+        let mut headers = ours(headers::copy_except(msg, &self.correlation_header));
+        if !producer.fits(key, payload, &headers) {
+            let omitted = payload.map_or(0, <[u8]>::len).to_string();
+            payload = None;
+            headers = headers.insert(header(PAYLOAD_OMITTED_HEADER, &omitted));
+            if !producer.fits(key, payload, &headers) {
+                key = None;
+            }
+            if !producer.fits(key, payload, &headers) {
+                headers = ours(OwnedHeaders::new()).insert(header(PAYLOAD_OMITTED_HEADER, &omitted));
+            }
+        }
         let out = Outgoing {
             topic: &self.dead_letter_topic,
             partition: None,
-            key: msg.key(),
-            payload: msg.payload(),
-            headers: place.headers(headers),
+            key,
+            payload,
+            headers,
         };
         producer.send(out).map_err(ProcessError::Kafka)?;
         *self.counts.dead_lettered.entry(*reason).or_default() += 1;
@@ -337,36 +380,12 @@ fn event_span(correlation_id: &str, idempotency_key: Option<&str>) -> tracing::S
     tracing::info_span!("event", correlation_id, idempotency_key)
 }
 
-/// A header's value as text.
-pub fn header_text<'a>(msg: &'a BorrowedMessage<'_>, key: &str) -> Option<&'a str> {
-    msg.headers()?
-        .iter()
-        .find(|h| h.key == key)
-        .and_then(|h| std::str::from_utf8(h.value?).ok())
-}
-
 /// A text header.
 pub fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
     Header {
         key,
         value: Some(value),
     }
-}
-
-/// The input's headers, minus the ones tally sets itself (`skip` and `tally.*`).
-pub fn copy_headers(msg: &BorrowedMessage<'_>, skip: &str) -> OwnedHeaders {
-    let mut out = OwnedHeaders::new();
-    if let Some(hs) = msg.headers() {
-        for h in hs.iter() {
-            if h.key != skip && !h.key.starts_with("tally.") {
-                out = out.insert(Header {
-                    key: h.key,
-                    value: h.value,
-                });
-            }
-        }
-    }
-    out
 }
 
 /// Wall-clock time in ms since the Unix epoch.

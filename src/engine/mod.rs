@@ -6,6 +6,7 @@ pub mod emit;
 pub mod errors;
 pub mod global;
 pub mod group_watch;
+pub mod headers;
 pub mod health;
 pub mod layout;
 pub mod membership;
@@ -63,9 +64,22 @@ pub async fn run(
 ) -> Result<()> {
     let t = topology.clone();
     let rt = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || admin::prepare_topics(&t, &rt))
-        .await
-        .context("topic preparation panicked")??;
+    let (write_limit, limited_by) = tokio::task::spawn_blocking(move || {
+        admin::prepare_topics(&t, &rt)?;
+        admin::write_limit(&t, &rt)
+    })
+    .await
+    .context("topic preparation panicked")??;
+    let max_in = topology.processing.max_record_bytes;
+    if max_in > write_limit {
+        tracing::warn!(
+            max_record_bytes = max_in,
+            write_limit,
+            "`processing.max_record_bytes` ({max_in}) is larger than the largest record tally can write \
+             ({write_limit} bytes, set by {limited_by}): a record whose output would not fit is dead-lettered \
+             as `output_too_large`; lower `max_record_bytes` to about {write_limit} or raise {limited_by}"
+        );
+    }
     let state = topology.state_dir.join(&topology.application_id);
     std::fs::create_dir_all(&state).with_context(|| {
         format!(
@@ -101,10 +115,11 @@ pub async fn run(
         standbys: standbys.clone(),
         shutdown: shutdown.clone(),
     };
-    let mut handles = vec![std::thread::Builder::new()
-        .name("tally-standby".into())
-        .spawn(move || standby::run(keeper))
-        .context("cannot start the standby thread")?];
+    let supervisor = Supervisor {
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+    };
+    let mut handles = vec![supervisor.spawn("tally-standby".into(), move || standby::run(keeper))?];
     let rejoin = Arc::new(group_watch::RejoinRequests::new(topology.processing.threads));
     let (t, id, r, m, sd) = (
         topology.clone(),
@@ -113,12 +128,7 @@ pub async fn run(
         metrics.clone(),
         shutdown.clone(),
     );
-    handles.push(
-        std::thread::Builder::new()
-            .name("tally-group-watch".into())
-            .spawn(move || group_watch::run(t, id, r, m, sd))
-            .context("cannot start the group watch thread")?,
-    );
+    handles.push(supervisor.spawn("tally-group-watch".into(), move || group_watch::run(t, id, r, m, sd))?);
     for index in 0..topology.processing.threads {
         let cfg = stream_thread::ThreadConfig {
             topology: topology.clone(),
@@ -132,20 +142,69 @@ pub async fn run(
             health: health.clone(),
             standbys: standbys.clone(),
             rejoin: rejoin.clone(),
+            write_limit,
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
-        let handle = std::thread::Builder::new()
-            .name(format!("tally-stream-{index}"))
-            .spawn(move || stream_thread::run(cfg))
-            .context("cannot start a stream thread")?;
-        handles.push(handle);
+        handles.push(supervisor.spawn(format!("tally-stream-{index}"), move || stream_thread::run(cfg))?);
     }
     handles.extend(global_reader);
     tokio::task::spawn_blocking(move || {
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().map_err(|_| anyhow!("an engine thread panicked")))
+        handles.into_iter().for_each(|h| {
+            // A panic was reported by the thread's guard; the join only waits for the end.
+            let _ = h.join();
+        });
     })
     .await
-    .context("joining stream threads")?
+    .context("joining stream threads")?;
+    match health.failure() {
+        None => Ok(()),
+        Some(why) => Err(anyhow!("{why}; the instance stopped (a supervisor should restart it)")),
+    }
+}
+
+/// Starts the engine's threads so that one ending on its own, by a panic or an early return,
+/// is never silent: the instance turns not-live (`/health/live` answers 503), every other
+/// thread is told to stop (committing its work), and the process exits non-zero.
+struct Supervisor {
+    health: Arc<health::Health>,
+    shutdown: Shutdown,
+}
+
+impl Supervisor {
+    fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>> {
+        let guard = ExitGuard {
+            name: name.clone(),
+            health: self.health.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let _guard = guard;
+                body();
+            })
+            .with_context(|| format!("cannot start thread {name}"))
+    }
+}
+
+/// Reports its thread's end, when that end was not asked for, as the thread unwinds or returns.
+struct ExitGuard {
+    name: String,
+    health: Arc<health::Health>,
+    shutdown: Shutdown,
+}
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        let why = if std::thread::panicking() {
+            format!("engine thread {} panicked", self.name)
+        } else if !self.shutdown.is_triggered() {
+            format!("engine thread {} ended before the instance was stopped", self.name)
+        } else {
+            return;
+        };
+        tracing::error!(thread = %self.name, "{why}; stopping the instance");
+        self.health.engine_failed(why);
+        self.shutdown.trigger();
+    }
 }

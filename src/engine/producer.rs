@@ -64,19 +64,39 @@ pub struct TxnProducer {
     producer: ThreadedProducer<DeliveryTracker>,
     in_transaction: bool,
     timeout: Duration,
+    limit: usize,
+}
+
+/// Bytes a record takes in a batch beyond its key, value and header bytes: the batch header
+/// (61), the record's varints and attributes, with room to spare.
+const RECORD_OVERHEAD: usize = 256;
+
+/// The size a record takes on the wire, as the producer's and the broker's limits count it.
+pub fn record_size(key: Option<&[u8]>, payload: Option<&[u8]>, headers: &OwnedHeaders) -> usize {
+    let header_bytes: usize = super::headers::list(headers.as_borrowed())
+        .map(|h| h.name.len() + h.value.map_or(0, <[u8]>::len) + 10)
+        .sum();
+    key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + header_bytes + RECORD_OVERHEAD
 }
 
 impl TxnProducer {
     /// Creates the producer and initialises transactions, fencing older producers of the same
-    /// transactional id (and aborting what they left open).
-    pub fn new(config: &ClientConfig, timeout: Duration) -> KafkaResult<Self> {
+    /// transactional id (and aborting what they left open). Records larger than `limit` bytes
+    /// are refused before librdkafka sees them (see [`TxnProducer::send`]).
+    pub fn new(config: &ClientConfig, timeout: Duration, limit: usize) -> KafkaResult<Self> {
         let producer: ThreadedProducer<DeliveryTracker> = config.create_with_context(DeliveryTracker::default())?;
         retry(timeout, || producer.init_transactions(timeout))?;
         Ok(Self {
             producer,
             in_transaction: false,
             timeout,
+            limit,
         })
+    }
+
+    /// True when a record of this shape fits the limit.
+    pub fn fits(&self, key: Option<&[u8]>, payload: Option<&[u8]>, headers: &OwnedHeaders) -> bool {
+        record_size(key, payload, headers) <= self.limit
     }
 
     /// True while a transaction is open.
@@ -95,7 +115,14 @@ impl TxnProducer {
 
     /// Sends a record inside the open transaction (opening one if needed), waiting while the
     /// local queue is full.
+    ///
+    /// A record over the limit fails with `MessageSizeTooLarge` before it is enqueued, so the
+    /// transaction stays healthy: enqueued, librdkafka would refuse it the same way, or the
+    /// broker would (a topic's `max.message.bytes`) and fail the whole transaction at commit.
     pub fn send(&mut self, out: Outgoing<'_>) -> KafkaResult<()> {
+        if !self.fits(out.key, out.payload, &out.headers) {
+            return Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge));
+        }
         self.begin()?;
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(out.topic).headers(out.headers);
         if let Some(p) = out.partition {

@@ -15,15 +15,16 @@ use super::Shutdown;
 use crate::metrics::consumer_lag::ConsumerLag;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
+use crate::processors::{Reason, Rejection};
 use crate::reconcile::live::ReconcileTask;
 use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
 use crate::topology::{Stage, Topology};
 use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -65,6 +66,8 @@ pub struct ThreadConfig {
     pub standbys: Arc<super::standby::Standbys>,
     /// Set by the group watch when this thread should leave and rejoin the group.
     pub rejoin: Arc<RejoinRequests>,
+    /// The largest record this thread may produce (see `admin::write_limit`).
+    pub write_limit: usize,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is
@@ -92,7 +95,11 @@ pub fn run(cfg: ThreadConfig) {
 fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
     let t = &cfg.topology;
     let txn_id = format!("{}-{}-{}", t.application_id, cfg.instance_id, cfg.index);
-    let producer = TxnProducer::new(&clients::transactional_producer(t, &txn_id), KAFKA_TIMEOUT)
+    // Batches are capped at the write limit too: a batch of small records larger than a topic's
+    // `max.message.bytes` would fail the whole transaction.
+    let mut producer_config = clients::transactional_producer(t, &txn_id);
+    producer_config.set("message.max.bytes", cfg.write_limit.to_string());
+    let producer = TxnProducer::new(&producer_config, KAFKA_TIMEOUT, cfg.write_limit)
         .map_err(|e| EngineError::from_kafka(e, "initialising the transactional producer"))?;
     let purger = Purger::new(&clients::base(t), cfg.rt.clone())
         .map_err(|e| EngineError::Fatal(e.context("creating the admin client for purging")))?;
@@ -102,6 +109,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         purger,
         tasks: HashMap::new(),
         txn: Txn::default(),
+        unproducible: HashSet::new(),
         restore_config: clients::restore_consumer(t),
         failure: None,
         to_open: Vec::new(),
@@ -269,6 +277,9 @@ struct ThreadState {
     tasks: HashMap<(String, i32), Box<dyn Task>>,
     /// The open transaction.
     txn: Txn,
+    /// Records (topic, partition, offset) whose output could not be written: dead-lettered
+    /// when they come again after the abort. Cleared at every commit.
+    unproducible: HashSet<(String, i32, i64)>,
     restore_config: ClientConfig,
     failure: Option<EngineError>,
     /// Assigned partitions whose tasks are still to open and restore.
@@ -330,8 +341,33 @@ impl ThreadState {
         let key = &self.lookup;
         // Before anything of the record is written: an abort rewinds to it.
         self.txn.consumed(key, msg.offset());
-        match task.process(msg, &mut self.producer) {
+        let refused =
+            !self.unproducible.is_empty() && self.unproducible.contains(&(key.0.clone(), key.1, msg.offset()));
+        let done = if refused {
+            let why = "what the record becomes on the way out is larger than the largest record \
+                       tally can write (see the `write_limit` logged at start)";
+            task.reject(msg, &mut self.producer, Rejection::new(Reason::OutputTooLarge, why))
+        } else {
+            task.process(msg, &mut self.producer)
+        };
+        match done {
             Ok(()) => Ok(()),
+            // The record can never be produced, not this transaction's fault: abort what it
+            // half wrote, and when it comes again, dead-letter it instead of running it.
+            Err(ProcessError::Kafka(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)))
+                if !refused =>
+            {
+                tracing::warn!(
+                    topic = msg.topic(),
+                    partition = msg.partition(),
+                    offset = msg.offset(),
+                    "a record's output is too large to write; aborting and dead-lettering the record"
+                );
+                let place = (msg.topic().to_string(), msg.partition(), msg.offset());
+                self.abort_and_rewind(consumer)?;
+                self.unproducible.insert(place);
+                Ok(())
+            }
             Err(e) => self.process_failed(consumer, e),
         }
     }
@@ -532,6 +568,7 @@ impl ThreadState {
             Err((e, step)) => return self.recover(consumer, e, step),
         };
         self.txn.committed();
+        self.unproducible.clear();
         let m = &self.cfg.metrics;
         m.commit_latency.observe(started.elapsed().as_secs_f64());
         m.transactions_committed.inc();

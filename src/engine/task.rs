@@ -1,13 +1,14 @@
 //! A task: one partition of a consumed topic and the work done on it inside the stream
 //! thread's transaction; here the pipeline task (a pipeline stage and its stores).
 
-use super::emit::{copy_headers, header_text, now_ms, Counts, Emitter, ProcessError, SourcePlace};
+use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace};
 use super::errors::EngineError;
+use super::headers;
 use super::producer::{Outgoing, TxnProducer};
 use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::dedup;
-use crate::processors::{Input, PipelineProcessor};
+use crate::processors::{Input, PipelineProcessor, Rejection};
 use crate::store::TaskStore;
 use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
@@ -25,6 +26,14 @@ const EXPIRY_BATCH: usize = 10_000;
 pub trait Task: Send {
     /// Runs one consumed record.
     fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError>;
+    /// Dead-letters a consumed record without running it (a record whose output cannot be
+    /// written), counting it and moving the task's position past it.
+    fn reject(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        producer: &mut TxnProducer,
+        rejection: Rejection,
+    ) -> Result<(), ProcessError>;
     /// Before the commit: writes what the task held back during the transaction.
     fn flush(&mut self, _producer: &mut TxnProducer) -> Result<(), ProcessError> {
         Ok(())
@@ -119,6 +128,13 @@ impl PipelineTask {
                 .header
                 .clone()
                 .unwrap_or_else(|| "correlation_id".into()),
+            trusts_source_headers: matches!(
+                work,
+                Work::Process {
+                    repartitioned: true,
+                    ..
+                }
+            ),
             counts: Counts::default(),
         };
         Self {
@@ -197,7 +213,7 @@ impl Task for PipelineTask {
     fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
         let input = Input {
             payload: msg.payload(),
-            correlation_header: header_text(msg, &self.emit.correlation_header),
+            correlation_header: headers::text(msg, &self.emit.correlation_header),
             coordinates: (msg.topic(), msg.partition(), msg.offset()),
             now_ms: now_ms(),
         };
@@ -208,7 +224,7 @@ impl Task for PipelineTask {
                 // Correlation ids and event ids are only worked out when a trace record needs them.
                 let traced = emit.trace.is_some();
                 let rekeyed = self.processor.rekey(&input, traced);
-                let place = SourcePlace::of(msg);
+                let place = SourcePlace::of(msg, false);
                 let corr = match &rekeyed {
                     Ok(r) => r.correlation_id.as_deref().unwrap_or_default(),
                     Err(rejected) => &rejected.correlation_id,
@@ -223,7 +239,7 @@ impl Task for PipelineTask {
                             partition: None,
                             key: Some(r.key.as_bytes()),
                             payload: msg.payload(),
-                            headers: place.headers(copy_headers(msg, "")),
+                            headers: place.headers(headers::copy_except(msg, "")),
                         };
                         producer.send(out).map_err(ProcessError::Kafka)?;
                         emit.counts.repartitioned += 1;
@@ -257,7 +273,7 @@ impl Task for PipelineTask {
                 // trace record or a dead letter needs it.
                 let place = OnceCell::new();
                 if emit.trace.as_ref().is_some_and(|t| t.level == Level::All) {
-                    let event_id = place.get_or_init(|| SourcePlace::of(msg)).event_id();
+                    let event_id = place.get_or_init(|| SourcePlace::of(msg, *repartitioned)).event_id();
                     let key = processed.decision.idempotency_key();
                     let corr = &processed.correlation_id;
                     if !*repartitioned {
@@ -268,6 +284,45 @@ impl Task for PipelineTask {
                 emit.changes(producer, changelogs, store.take_changes())?;
                 emit.decision(producer, msg, &place, &processed, input.now_ms)?;
             }
+        }
+        self.next_offset = Some(msg.offset() + 1);
+        Ok(())
+    }
+
+    fn reject(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        producer: &mut TxnProducer,
+        rejection: Rejection,
+    ) -> Result<(), ProcessError> {
+        let input = Input {
+            payload: msg.payload(),
+            correlation_header: headers::text(msg, &self.emit.correlation_header),
+            coordinates: (msg.topic(), msg.partition(), msg.offset()),
+            now_ms: now_ms(),
+        };
+        let repartitioned = self.reads_repartition_topic();
+        if !repartitioned {
+            self.emit.counts.records_in += 1;
+        }
+        let processed = self.processor.refuse(&input, rejection);
+        let place = SourcePlace::of(msg, repartitioned);
+        self.emit.dead_letter(producer, msg, &place, &processed)?;
+        if self.emit.trace.is_some() {
+            let corr = &processed.correlation_id;
+            let event_id = place.event_id();
+            if !repartitioned {
+                self.emit
+                    .trace(producer, &event_id, None, corr, Status::Received, None)?;
+            }
+            self.emit.trace(
+                producer,
+                &event_id,
+                None,
+                corr,
+                Status::Failed,
+                Some(Outcome::DeadLetter),
+            )?;
         }
         self.next_offset = Some(msg.offset() + 1);
         Ok(())

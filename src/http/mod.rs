@@ -24,7 +24,7 @@ struct AppState {
 pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, health: Arc<Health>, shutdown: Shutdown) -> Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_text))
-        .route("/health/live", get(|| async { "live\n" }))
+        .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .with_state(AppState { metrics, health });
     let listener = tokio::net::TcpListener::bind(addr)
@@ -50,6 +50,13 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
             format!("cannot encode metrics: {e}\n"),
         )
             .into_response(),
+    }
+}
+
+async fn live(State(s): State<AppState>) -> impl IntoResponse {
+    match s.health.failure() {
+        None => (StatusCode::OK, "live\n".to_string()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not live: {why}\n")),
     }
 }
 

@@ -315,6 +315,26 @@ impl PipelineProcessor {
         Ok(Rekeyed { key, correlation_id })
     }
 
+    /// Refuses a record the engine cannot write (its output would be too large), with the
+    /// correlation id its processing would have carried; no store is touched.
+    pub fn refuse(&self, input: &Input<'_>, rejection: Rejection) -> Processed {
+        let doc = self.decode(input.payload).ok();
+        let (topic, partition, offset) = input.coordinates;
+        let seed = doc
+            .as_ref()
+            .and_then(|d| self.pipeline.key.render(d).ok())
+            .unwrap_or_else(|| format!("{topic}/{partition}/{offset}"));
+        Processed {
+            correlation_id: correlation::resolve(
+                &self.pipeline.correlation,
+                input.correlation_header,
+                doc.as_ref(),
+                &seed,
+            ),
+            decision: Decision::Reject(rejection),
+        }
+    }
+
     fn decode(&self, payload: Option<&[u8]>) -> Result<Map<String, Value>, Rejection> {
         self.fields.decode(payload, self.max_record_bytes)
     }

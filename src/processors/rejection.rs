@@ -21,11 +21,14 @@ pub enum Reason {
     InvalidVersion,
     /// A `merge` increment would grow the entity's state past its bound.
     StateTooLarge,
+    /// What the record becomes on the way out (output, repartition record, trace record,
+    /// changelog record) is larger than Kafka accepts.
+    OutputTooLarge,
 }
 
 impl Reason {
     /// Every reason, for metrics initialisation and reports.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::NotAnObject,
@@ -34,6 +37,7 @@ impl Reason {
         Reason::NoRoute,
         Reason::InvalidVersion,
         Reason::StateTooLarge,
+        Reason::OutputTooLarge,
     ];
 
     /// The stable name used in headers, metrics and logs.
@@ -47,6 +51,7 @@ impl Reason {
             Reason::NoRoute => "no_route",
             Reason::InvalidVersion => "invalid_version",
             Reason::StateTooLarge => "state_too_large",
+            Reason::OutputTooLarge => "output_too_large",
         }
     }
 }

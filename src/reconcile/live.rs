@@ -157,6 +157,7 @@ impl ReconcileTask {
             mappings_topic: None,
             trace: None,
             correlation_header: "correlation_id".into(),
+            trusts_source_headers: false,
             counts: Counts::default(),
         };
         Self {
@@ -417,13 +418,31 @@ impl Task for ReconcileTask {
         if let Err(rejection) = self.apply(msg.payload())? {
             let processed = Processed {
                 decision: Decision::Reject(rejection),
-                correlation_id: crate::engine::emit::header_text(msg, "correlation_id")
+                correlation_id: crate::engine::headers::text(msg, "correlation_id")
                     .unwrap_or_default()
                     .to_string(),
             };
-            let place = crate::engine::emit::SourcePlace::of(msg);
+            let place = crate::engine::emit::SourcePlace::of(msg, false);
             self.emit.dead_letter(producer, msg, &place, &processed)?;
         }
+        self.next_offset = Some(msg.offset() + 1);
+        Ok(())
+    }
+
+    fn reject(
+        &mut self,
+        msg: &BorrowedMessage<'_>,
+        producer: &mut TxnProducer,
+        rejection: Rejection,
+    ) -> Result<(), ProcessError> {
+        let processed = Processed {
+            decision: Decision::Reject(rejection),
+            correlation_id: crate::engine::headers::text(msg, "correlation_id")
+                .unwrap_or_default()
+                .to_string(),
+        };
+        let place = crate::engine::emit::SourcePlace::of(msg, false);
+        self.emit.dead_letter(producer, msg, &place, &processed)?;
         self.next_offset = Some(msg.offset() + 1);
         Ok(())
     }

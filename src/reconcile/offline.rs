@@ -10,7 +10,7 @@ use super::report::{Findings, Report, ReportFormat, Side, Summary};
 use super::topic;
 use crate::engine::emit::IDEMPOTENCY_KEY_HEADER;
 use anyhow::{bail, Result};
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message};
 use std::path::PathBuf;
 
@@ -214,7 +214,9 @@ fn location(m: &BorrowedMessage<'_>) -> String {
 }
 
 fn header<'a>(m: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
-    m.headers()?.iter().find(|h| h.key == name).and_then(|h| h.value)
+    crate::engine::headers::entries(m)
+        .find(|h| h.name == name.as_bytes())
+        .and_then(|h| h.value)
 }
 
 #[cfg(test)]

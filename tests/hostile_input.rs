@@ -1,0 +1,66 @@
+//! Legal but unusual input on the real broker: no record, header or size may stall a partition,
+//! kill a thread or merge two events.
+
+mod common;
+
+use common::*;
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Message};
+use std::time::Duration;
+use tally::engine::headers;
+
+fn payment(i: usize) -> String {
+    serde_json::json!({"event_type": "payment.paid", "payment_id": format!("P-{i:04}"), "status": "PAID"}).to_string()
+}
+
+#[test]
+fn a_header_name_that_is_not_utf8_neither_panics_nor_stalls_and_reaches_the_output_intact() {
+    let names = Names::new("binary-header");
+    create_topics(&[(&names.input, 1), (&names.output, 2), (&names.dlq, 1)]);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("producer");
+    // 50 records, the odd one, 99 more: one partition, so a stall would hold all that follow.
+    for i in 0..150 {
+        let body = payment(i);
+        let mut hs = headers::add(OwnedHeaders::new(), b"message_id", Some(format!("m-{i}").as_bytes()));
+        if i == 50 {
+            hs = headers::add(hs, b"\xff\xfe", Some(b"\x00\xc3\x28"));
+            hs = headers::add(hs, b"correlation_id", Some(b"\xc3\x28 not utf-8"));
+        }
+        let key = format!("P-{i:04}");
+        producer
+            .send(BaseRecord::to(&names.input).key(&key).payload(&body).headers(hs))
+            .expect("enqueue");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let addr = free_address();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let env = [("TALLY_HTTP_ADDRESS", addr.clone())];
+    let tally = Tally::start_with_env(&topology, "i1", dir.path().join("tally.log"), &env);
+
+    let out = read_committed(&names.output, 150, Duration::from_secs(90));
+    assert_eq!(
+        out.len(),
+        150,
+        "every record, the one with the binary header name included, comes out"
+    );
+    let odd = out
+        .iter()
+        .find(|m| m.key() == Some(b"P-0050".as_slice()))
+        .expect("the record with the binary header");
+    let raw: Vec<(Vec<u8>, Option<Vec<u8>>)> = headers::list(odd.headers().expect("headers").as_borrowed())
+        .map(|h| (h.name.to_vec(), h.value.map(<[u8]>::to_vec)))
+        .collect();
+    assert!(
+        raw.contains(&(b"\xff\xfe".to_vec(), Some(b"\x00\xc3\x28".to_vec()))),
+        "the binary header is copied byte for byte: {raw:?}"
+    );
+    assert_eq!(http_get(&addr, "/health/live").map(|(c, _)| c), Some(200));
+    assert!(read_committed(&names.dlq, 0, Duration::from_secs(3)).is_empty());
+    tally.stop();
+}
