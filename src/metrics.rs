@@ -28,6 +28,8 @@ pub struct Metrics {
     pub transactions_committed: IntCounter,
     /// Aborted transactions.
     pub transactions_aborted: IntCounter,
+    /// Records the consumer handed out again after they were processed, skipped.
+    pub redelivered_skipped: IntCounter,
     /// Time from commit request to commit done.
     pub commit_latency: Histogram,
     /// Changelog records applied during restore, per store.
@@ -146,6 +148,10 @@ impl Metrics {
         };
         let transactions_committed = counter("transactions_committed_total", "Committed Kafka transactions")?;
         let transactions_aborted = counter("transactions_aborted_total", "Aborted Kafka transactions")?;
+        let redelivered_skipped = counter(
+            "redelivered_skipped_total",
+            "Records the consumer handed out again after they were processed; skipped",
+        )?;
         let rebalances = counter("rebalances_total", "Partition assignment changes seen")?;
         let forced_rejoins = counter(
             "forced_rejoins_total",
@@ -227,6 +233,7 @@ impl Metrics {
             dead_lettered,
             transactions_committed,
             transactions_aborted,
+            redelivered_skipped,
             commit_latency,
             restored_records,
             restore_remaining,

@@ -64,3 +64,56 @@ fn a_header_name_that_is_not_utf8_neither_panics_nor_stalls_and_reaches_the_outp
     assert!(read_committed(&names.dlq, 0, Duration::from_secs(3)).is_empty());
     tally.stop();
 }
+
+#[test]
+fn a_record_whose_output_outgrows_the_producer_limit_costs_one_dead_letter_not_the_partition() {
+    let names = Names::new("outgrown");
+    create_topics(&[(&names.input, 1), (&names.output, 2), (&names.dlq, 1)]);
+    // 800 KB with a 200 KB payment_id: under max_record_bytes (1 MiB) on the way in, but the
+    // repartition record (key = payment_id) and the output (key and idempotency-key header =
+    // payment_id) are past librdkafka's 1,000,000-byte default on the way out.
+    let big_id = format!("P-{}", "9".repeat(200_000));
+    let padding = "x".repeat(600_000);
+    let mut records = vec![];
+    for i in 0..50 {
+        records.push((format!("k-{i}"), payment(i)));
+    }
+    records.push((
+        "k-big".to_string(),
+        serde_json::json!({"event_type": "payment.paid", "payment_id": big_id, "status": "PAID", "note": padding})
+            .to_string(),
+    ));
+    for i in 50..150 {
+        records.push((format!("k-{i}"), payment(i)));
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    for (key, body) in &records {
+        producer
+            .send(BaseRecord::to(&names.input).key(key).payload(body))
+            .expect("enqueue");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 1_048_576);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    let out = read_committed(&names.output, 150, Duration::from_secs(90));
+    assert_eq!(out.len(), 150, "every record after the oversized one comes out");
+    let dlq = read_committed(&names.dlq, 1, Duration::from_secs(30));
+    assert_eq!(dlq.len(), 1, "one dead letter");
+    assert_eq!(
+        header(&dlq[0], "tally.error.reason").as_deref(),
+        Some("output_too_large")
+    );
+    assert_eq!(header(&dlq[0], "tally.source.offset").as_deref(), Some("50"));
+    assert_eq!(dlq[0].key(), Some(b"k-big".as_slice()), "the original key");
+    assert!(
+        dlq[0].payload().is_some_and(|p| p.len() > 800_000),
+        "the original payload fits a dead letter"
+    );
+    tally.stop();
+}

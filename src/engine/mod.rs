@@ -4,6 +4,7 @@ pub mod admin;
 pub mod clients;
 pub mod emit;
 pub mod errors;
+pub mod faults;
 pub mod global;
 pub mod group_watch;
 pub mod headers;

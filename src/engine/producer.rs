@@ -1,6 +1,7 @@
 //! The transactional producer of a stream thread, and the changelog offsets it delivered.
 
 use super::errors::{classify, ErrorClass, TxnStep};
+use super::faults::{self, Point};
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
@@ -164,10 +165,22 @@ impl TxnProducer {
             })
             .map_err(|e| (e, TxnStep::SendOffsets))?;
         }
+        if faults::hit(Point::CommitAbortable) {
+            return Err((
+                KafkaError::MessageProduction(RDKafkaErrorCode::RebalanceInProgress),
+                TxnStep::SendOffsets,
+            ));
+        }
         let offsets_at = Instant::now();
         // A commit that timed out is resumed by calling it again (librdkafka keeps its state),
         // in shorter calls so a broker back within the budget completes it.
         retry(self.timeout, || self.producer.commit_transaction(END_TXN_CALL)).map_err(|e| (e, TxnStep::EndTxn))?;
+        if faults::hit(Point::CommitOutcomeUnknown) {
+            return Err((
+                KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut),
+                TxnStep::EndTxn,
+            ));
+        }
         self.in_transaction = false;
         tracing::debug!(
             deliveries_us = delivered_at.duration_since(started).as_micros() as u64,

@@ -340,7 +340,16 @@ impl ThreadState {
         };
         let key = &self.lookup;
         // Before anything of the record is written: an abort rewinds to it.
-        self.txn.consumed(key, msg.offset());
+        if !self.txn.consumed(key, msg.offset()) {
+            tracing::warn!(
+                topic = msg.topic(),
+                partition = msg.partition(),
+                offset = msg.offset(),
+                "record handed out again after it was processed; skipped"
+            );
+            self.cfg.metrics.redelivered_skipped.inc();
+            return Ok(());
+        }
         let refused =
             !self.unproducible.is_empty() && self.unproducible.contains(&(key.0.clone(), key.1, msg.offset()));
         let done = if refused {

@@ -3,6 +3,7 @@
 
 use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace};
 use super::errors::EngineError;
+use super::faults::{self, Point};
 use super::headers;
 use super::producer::{Outgoing, TxnProducer};
 use crate::metrics::store_gauges::StoreGauges;
@@ -282,6 +283,11 @@ impl Task for PipelineTask {
                     emit.trace(producer, &event_id, key, corr, Status::Processing, None)?;
                 }
                 emit.changes(producer, changelogs, store.take_changes())?;
+                if faults::hit(Point::RecordFailsMidway) {
+                    return Err(ProcessError::Engine(EngineError::Fatal(anyhow::anyhow!(
+                        "injected fault: record fails after its changelog records"
+                    ))));
+                }
                 emit.decision(producer, msg, &place, &processed, input.now_ms)?;
             }
         }

@@ -2,6 +2,12 @@
 //! many records, where each consumed partition must rewind to), or poisoned (an error left its
 //! outcome unknown, so nothing may commit it before the generation ends).
 //!
+//! It also keeps each partition's position: the offset after the last record taken. librdkafka
+//! can hand a record out again without being asked (after a cooperative rebalance it re-read a
+//! retained partition's committed offset while the open transaction already held the records
+//! after it); such a record is refused, as it was processed in this transaction or an earlier
+//! committed one.
+//!
 //! The rewind positions are what makes an abort exact: a partition rewinds to the first offset
 //! this transaction consumed from it, which is by construction the offset the last committed
 //! transaction handed on. Asking the group coordinator instead (an OffsetFetch) fails or answers
@@ -37,6 +43,7 @@ pub enum Phase {
 pub struct Txn {
     phase: Phase,
     rewind: HashMap<Partition, i64>,
+    next: HashMap<Partition, i64>,
 }
 
 impl Default for Txn {
@@ -44,6 +51,7 @@ impl Default for Txn {
         Self {
             phase: Phase::Idle,
             rewind: HashMap::new(),
+            next: HashMap::new(),
         }
     }
 }
@@ -54,9 +62,17 @@ impl Txn {
         self.phase
     }
 
-    /// Notes a record about to be processed, before anything of it is written: its partition
-    /// rewinds to it if this is the transaction's first record from there.
-    pub fn consumed(&mut self, partition: &Partition, offset: i64) {
+    /// Takes a record about to be processed, before anything of it is written: its partition
+    /// rewinds to it if this is the transaction's first record from there. Returns false, and
+    /// takes nothing, for a record before the partition's position (handed out again).
+    pub fn consumed(&mut self, partition: &Partition, offset: i64) -> bool {
+        match self.next.get_mut(partition) {
+            Some(next) if offset < *next => return false,
+            Some(next) => *next = offset + 1,
+            None => {
+                self.next.insert(partition.clone(), offset + 1);
+            }
+        }
         if !self.rewind.contains_key(partition) {
             self.rewind.insert(partition.clone(), offset);
         }
@@ -70,6 +86,7 @@ impl Txn {
             }
             Phase::Poisoned => {}
         }
+        true
     }
 
     /// Notes records written without a consumed record (periodic work: expiry, alerts).
@@ -117,12 +134,17 @@ impl Txn {
         if self.phase != Phase::Poisoned {
             self.phase = Phase::Idle;
         }
-        std::mem::take(&mut self.rewind)
+        let rewind = std::mem::take(&mut self.rewind);
+        for (partition, offset) in &rewind {
+            self.next.insert(partition.clone(), *offset);
+        }
+        rewind
     }
 
     /// Forgets a partition that left this thread (revoked after the commit or abort).
     pub fn forget(&mut self, partition: &Partition) {
         self.rewind.remove(partition);
+        self.next.remove(partition);
     }
 
     /// The transaction's outcome is unknown: it must not commit any more.
@@ -192,6 +214,28 @@ mod tests {
             "positions are still noted for the abort"
         );
         assert_eq!(t.phase(), Phase::Poisoned, "an abort does not clear the poison");
+    }
+
+    #[test]
+    fn a_record_handed_out_again_is_refused_until_an_abort_rewinds_to_it() {
+        let mut t = Txn::default();
+        assert!(t.consumed(&p(0), 10));
+        assert!(t.consumed(&p(0), 11));
+        t.committed();
+        assert!(t.consumed(&p(0), 12));
+        assert!(!t.consumed(&p(0), 11), "committed in an earlier transaction");
+        assert!(!t.consumed(&p(0), 12), "already in this transaction");
+        assert!(t.consumed(&p(0), 14), "gaps (aborted records, markers) are fine");
+        assert_eq!(t.aborted().get(&p(0)), Some(&12));
+        assert!(
+            t.consumed(&p(0), 12),
+            "after the abort the partition reads from its rewind point"
+        );
+        t.forget(&p(0));
+        assert!(
+            t.consumed(&p(0), 3),
+            "a partition assigned anew starts where the consumer puts it"
+        );
     }
 
     #[test]

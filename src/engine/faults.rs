@@ -1,0 +1,98 @@
+//! Named fault points, for tests that drive the engine's failure paths deterministically
+//! against a real broker instead of waiting for chaos timing to find them.
+//!
+//! `TALLY_FAULTS=commit_abortable@2,record_fails_midway@40` makes the 2nd commit fail as if the
+//! offsets were refused, and the 40th processed record fail after its changelog records were
+//! sent. Unset (always, outside tests), every point is one load of an empty list.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// A place in the engine where a fault can be injected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
+    /// `send_offsets_to_transaction` fails with an abortable error (nothing committed).
+    CommitAbortable,
+    /// `commit_transaction` succeeds but the call reports a timeout: the outcome looks unknown.
+    CommitOutcomeUnknown,
+    /// A record fails with an internal error after its store changes went to the changelog,
+    /// before its output: the transaction holds half a record.
+    RecordFailsMidway,
+}
+
+impl Point {
+    const ALL: [Point; 3] = [
+        Point::CommitAbortable,
+        Point::CommitOutcomeUnknown,
+        Point::RecordFailsMidway,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Point::CommitAbortable => "commit_abortable",
+            Point::CommitOutcomeUnknown => "commit_outcome_unknown",
+            Point::RecordFailsMidway => "record_fails_midway",
+        }
+    }
+}
+
+struct Armed {
+    point: Point,
+    nth: u64,
+}
+
+struct Faults {
+    armed: Vec<Armed>,
+    counts: [AtomicU64; 3],
+}
+
+fn faults() -> &'static Faults {
+    static FAULTS: OnceLock<Faults> = OnceLock::new();
+    FAULTS.get_or_init(|| Faults {
+        armed: std::env::var("TALLY_FAULTS").map(|s| parse(&s)).unwrap_or_default(),
+        counts: Default::default(),
+    })
+}
+
+fn parse(spec: &str) -> Vec<Armed> {
+    spec.split(',')
+        .filter_map(|item| {
+            let armed = item.trim().split_once('@').and_then(|(name, nth)| {
+                Some(Armed {
+                    point: Point::ALL.into_iter().find(|p| p.name() == name)?,
+                    nth: nth.parse().ok()?,
+                })
+            });
+            if armed.is_none() {
+                tracing::error!(item, "TALLY_FAULTS: not `<point>@<pass>` with a known point; ignored");
+            }
+            armed
+        })
+        .collect()
+}
+
+/// Counts a pass through `point`; true when this pass is one the environment armed.
+pub fn hit(point: Point) -> bool {
+    let f = faults();
+    if f.armed.is_empty() {
+        return false;
+    }
+    let n = f.counts[point as usize].fetch_add(1, Ordering::Relaxed) + 1;
+    let fire = f.armed.iter().any(|a| a.point == point && a.nth == n);
+    if fire {
+        tracing::warn!(fault = point.name(), pass = n, "injecting a fault (TALLY_FAULTS)");
+    }
+    fire
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spec_names_points_and_passes_and_ignores_what_it_does_not_know() {
+        let armed = parse("commit_abortable@2, record_fails_midway@40,bogus@1,commit_outcome_unknown@x");
+        let got: Vec<(Point, u64)> = armed.iter().map(|a| (a.point, a.nth)).collect();
+        assert_eq!(got, vec![(Point::CommitAbortable, 2), (Point::RecordFailsMidway, 40)]);
+    }
+}

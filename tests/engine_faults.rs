@@ -1,0 +1,124 @@
+//! The engine's failure paths, driven deterministically at named fault points
+//! (`TALLY_FAULTS`, src/engine/faults.rs) against the real broker: each test names the cause of
+//! an exactly-once failure the chaos runs found (docs/chaos-runs.md) and fails if it returns.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tally::demo::generator;
+
+/// Every expected business key exactly once on the output, and nothing else.
+fn assert_exactly_once(output: &str, expected: &[String]) {
+    let out = read_committed(output, expected.len(), Duration::from_secs(90));
+    // Anything late (a duplicate) would arrive within a few commit intervals.
+    std::thread::sleep(Duration::from_secs(2));
+    let out = if out.len() == expected.len() {
+        read_committed(output, expected.len() + 1, Duration::from_secs(3))
+    } else {
+        out
+    };
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &out {
+        *seen.entry(business_key(m)).or_default() += 1;
+    }
+    let missing: Vec<&String> = expected.iter().filter(|k| !seen.contains_key(*k)).collect();
+    let doubled: Vec<(&String, &usize)> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    let ghosts: Vec<&String> = seen.keys().filter(|k| !expected.contains(k)).collect();
+    assert!(
+        missing.is_empty() && doubled.is_empty() && ghosts.is_empty(),
+        "missing {missing:?}, doubled {doubled:?}, ghosts {ghosts:?}"
+    );
+}
+
+fn injected(log: &Path, fault: &str) -> bool {
+    log_lines(log)
+        .iter()
+        .any(|l| l["message"] == "injecting a fault (TALLY_FAULTS)" && l["fault"] == fault)
+}
+
+/// Cause: the generation ended on an error with half a record in the open transaction, and the
+/// consumer's close ran the revoke callback, which committed it: the record's dedup key reached
+/// the store and its changelog without its output, so the record, read again, was a
+/// "duplicate" and its event was lost (the seed-31337 signature: 680 keys missing, 680
+/// duplicates too many).
+#[test]
+fn a_record_that_fails_half_written_is_never_committed_half() {
+    let names = Names::new("fault-midway");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let gen = generator::payments(400, 0, 4096, 11);
+    produce(&names.input, &gen.records);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let log = dir.path().join("tally.log");
+    let env = [("TALLY_FAULTS", "record_fails_midway@150".to_string())];
+    let tally = Tally::start_with_env(&topology, "i1", log.clone(), &env);
+    assert_exactly_once(&names.output, &gen.expected_keys);
+    tally.stop();
+    assert!(injected(&log, "record_fails_midway"), "the fault fired");
+}
+
+/// Cause: an abort rewound each partition to the group's committed offset, read back from the
+/// coordinator; a partition it did not answer (no commit yet, an unstable offset while a
+/// transaction's markers were in flight, a coordinator loading after a broker restart) was sent
+/// to its beginning, replaying committed work (the seed-8675309 signature: 9,192 events closed
+/// twice). With `auto.offset.reset: latest` and an abort before the first commit, the old
+/// rewind replayed records from before the instance started.
+#[test]
+fn an_abort_rewinds_to_the_transactions_first_records_not_to_the_partitions_beginning() {
+    let names = Names::new("fault-abort");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let before = generator::payments(200, 0, 4096, 21);
+    produce(&names.input, &before.records);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = std::fs::read_to_string(write_topology(dir.path(), &names, 4096))
+        .expect("topology")
+        .replace(
+            "heartbeat.interval.ms: 1000",
+            "heartbeat.interval.ms: 1000\n    auto.offset.reset: latest",
+        );
+    let topology = dir.path().join("latest.yaml");
+    std::fs::write(&topology, yaml).expect("write topology");
+    let addr = free_address();
+    let log = dir.path().join("tally.log");
+    let env = [
+        ("TALLY_FAULTS", "commit_abortable@1".to_string()),
+        ("TALLY_HTTP_ADDRESS", addr.clone()),
+    ];
+    let tally = Tally::start_with_env(&topology, "i1", log.clone(), &env);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(&addr, "/health/ready").map(|(c, _)| c) != Some(200) {
+        assert!(Instant::now() < deadline, "tally never became ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Assigned at the end of each partition; only what comes now is processed.
+    std::thread::sleep(Duration::from_secs(2));
+    let after = generator::payments(300, 0, 4096, 22);
+    produce(&names.input, &after.records);
+    assert_exactly_once(&names.output, &after.expected_keys);
+    tally.stop();
+    assert!(injected(&log, "commit_abortable"), "the fault fired");
+}
+
+/// Cause: a `commit_transaction` that failed although the coordinator had written
+/// PrepareCommit (the broker killed mid-commit) was treated as aborted: abort, rewind, process
+/// again, and the records of a committed transaction became visible twice. Now an EndTxn
+/// failure of unknown outcome restarts the stream thread's clients: the next producer with the
+/// transactional id completes or aborts the transaction, and the tasks restore what committed.
+#[test]
+fn a_commit_of_unknown_outcome_is_resolved_by_the_broker_not_guessed() {
+    let names = Names::new("fault-unknown");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let gen = generator::payments(400, 0, 4096, 31);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let log = dir.path().join("tally.log");
+    let env = [("TALLY_FAULTS", "commit_outcome_unknown@2".to_string())];
+    let tally = Tally::start_with_env(&topology, "i1", log.clone(), &env);
+    produce_paced(&names.input, &gen.records, 100, Duration::from_millis(150));
+    assert_exactly_once(&names.output, &gen.expected_keys);
+    tally.stop();
+    assert!(injected(&log, "commit_outcome_unknown"), "the fault fired");
+}
