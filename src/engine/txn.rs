@@ -210,7 +210,7 @@ mod tests {
         assert!(!t.due(Instant::now() + Duration::from_secs(3600), Duration::ZERO, 0));
         t.consumed(&p(0), 4);
         assert!(
-            t.aborted().get(&p(0)).is_some(),
+            t.aborted().contains_key(&p(0)),
             "positions are still noted for the abort"
         );
         assert_eq!(t.phase(), Phase::Poisoned, "an abort does not clear the poison");
