@@ -351,8 +351,9 @@ impl PipelineProcessor {
 
 fn key_rejection(e: RenderError, what: &str) -> Rejection {
     let reason = match e {
-        RenderError::Missing(_) => Reason::MissingKeyField,
+        RenderError::Missing(_) | RenderError::Empty(_) => Reason::MissingKeyField,
         RenderError::NonScalar(_) => Reason::NonScalarKeyField,
+        RenderError::Inexact(..) => Reason::InexactKeyField,
     };
     Rejection::new(reason, format!("{what}: {e}"))
 }

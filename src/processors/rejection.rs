@@ -15,6 +15,8 @@ pub enum Reason {
     MissingKeyField,
     /// A field of the key template is an object or array.
     NonScalarKeyField,
+    /// A number in a key field too large to be exact as JSON carries it (send it as a string).
+    InexactKeyField,
     /// No route matches the record's `event_type`.
     NoRoute,
     /// The `overwrite` version is not an integer.
@@ -28,12 +30,13 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for metrics initialisation and reports.
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::NotAnObject,
         Reason::MissingKeyField,
         Reason::NonScalarKeyField,
+        Reason::InexactKeyField,
         Reason::NoRoute,
         Reason::InvalidVersion,
         Reason::StateTooLarge,
@@ -48,6 +51,7 @@ impl Reason {
             Reason::NotAnObject => "not_an_object",
             Reason::MissingKeyField => "missing_key_field",
             Reason::NonScalarKeyField => "non_scalar_key_field",
+            Reason::InexactKeyField => "inexact_key_field",
             Reason::NoRoute => "no_route",
             Reason::InvalidVersion => "invalid_version",
             Reason::StateTooLarge => "state_too_large",

@@ -26,6 +26,9 @@ pub enum TemplateError {
     /// A `}` without an opening `{`.
     #[error("`}}` at character {0} has no opening `{{`; write `}}}}` for a literal brace")]
     StrayClose(usize),
+    /// A `{` inside a field reference (`{payment_id:{status}`): a brace left unclosed.
+    #[error("`{{` at character {1} is inside the field reference opened at character {0}; close that one first")]
+    Nested(usize, usize),
     /// `{}` or a reference with an empty path segment.
     #[error("empty field reference `{{{0}}}`; name a field, e.g. `{{payment_id}}`")]
     EmptyField(String),
@@ -43,6 +46,13 @@ pub enum RenderError {
     /// The field is an object or an array.
     #[error("field `{0}` is an object or array, not a string, number or boolean")]
     NonScalar(String),
+    /// The field is the empty string: every record with an empty id would share one key.
+    #[error("field `{0}` is empty")]
+    Empty(String),
+    /// A number JSON cannot carry exactly (beyond 2^53 as a float, or fractional beyond
+    /// what f64 keeps): distinct ids would collide.
+    #[error("field `{0}` is a number too large to be exact ({1}); send it as a string")]
+    Inexact(String, String),
 }
 
 impl FromStr for KeyTemplate {
@@ -68,6 +78,7 @@ impl FromStr for KeyTemplate {
                     loop {
                         match chars.next() {
                             Some((_, '}')) => break,
+                            Some((j, '{')) => return Err(TemplateError::Nested(i, j)),
                             Some((_, ch)) => name.push(ch),
                             None => return Err(TemplateError::Unclosed(i)),
                         }
@@ -135,19 +146,48 @@ fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value>
 fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Result<(), RenderError> {
     match value {
         None | Some(Value::Null) => Err(RenderError::Missing(path.join("."))),
+        Some(Value::String(s)) if s.is_empty() => Err(RenderError::Empty(path.join("."))),
         Some(Value::String(s)) => {
             out.push_str(s);
             Ok(())
         }
         Some(Value::Number(n)) => {
-            out.push_str(&n.to_string());
-            Ok(())
+            append_number(out, n).map_err(|shown| RenderError::Inexact(path.join("."), shown))
         }
         Some(Value::Bool(b)) => {
             out.push_str(if *b { "true" } else { "false" });
             Ok(())
         }
         Some(Value::Array(_) | Value::Object(_)) => Err(RenderError::NonScalar(path.join("."))),
+    }
+}
+
+/// Largest integer every f64 between -it and it represents exactly (2^53).
+const EXACT_F64: f64 = 9_007_199_254_740_992.0;
+
+/// One number, one spelling: `1299`, `1299.0` and `1.299e3` all render `1299`; other floats
+/// render in Rust's shortest round-trip form. Integers beyond i64/u64 arrive as floats and are
+/// refused (returned as the text shown), as are floats beyond 2^53, since neighbours collide.
+fn append_number(out: &mut String, n: &serde_json::Number) -> Result<(), String> {
+    use std::fmt::Write as _;
+    if let Some(i) = n.as_i64() {
+        let _ = write!(out, "{i}");
+        return Ok(());
+    }
+    if let Some(u) = n.as_u64() {
+        let _ = write!(out, "{u}");
+        return Ok(());
+    }
+    match n.as_f64() {
+        Some(f) if f.is_finite() && f.abs() < EXACT_F64 => {
+            if f.fract() == 0.0 {
+                let _ = write!(out, "{}", f as i64);
+            } else {
+                let _ = write!(out, "{f}");
+            }
+            Ok(())
+        }
+        _ => Err(n.to_string()),
     }
 }
 
@@ -209,5 +249,26 @@ mod tests {
             Err(TemplateError::EmptyField("a.".into()))
         );
         assert_eq!("static".parse::<KeyTemplate>(), Err(TemplateError::NoField));
+        assert_eq!(
+            "{payment_id:{status}".parse::<KeyTemplate>(),
+            Err(TemplateError::Nested(0, 12)),
+            "a field literally named `payment_id:{{status` is a typo, not a field"
+        );
+    }
+
+    #[test]
+    fn one_number_has_one_key_and_inexact_or_empty_values_are_refused() {
+        let t: KeyTemplate = "{id}".parse().expect("valid template");
+        for spelling in ["1299", "1299.0", "1299.00", "1.299e3"] {
+            let d: Map<String, Value> = serde_json::from_str(&format!(r#"{{"id": {spelling}}}"#)).expect("json");
+            assert_eq!(t.render(&d), Ok("1299".to_string()), "{spelling}");
+        }
+        assert_eq!(t.render(&doc(json!({"id": 12.5}))), Ok("12.5".to_string()));
+        assert_eq!(t.render(&doc(json!({"id": -7}))), Ok("-7".to_string()));
+        assert_eq!(t.render(&doc(json!({"id": u64::MAX}))), Ok(u64::MAX.to_string()));
+        let big: Map<String, Value> =
+            serde_json::from_str(r#"{"id": 123456789012345678901234567890}"#).expect("json");
+        assert!(matches!(t.render(&big), Err(RenderError::Inexact(..))));
+        assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
     }
 }
