@@ -164,4 +164,21 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
         assert_eq!(s["idmap_mappings"], 3, "{s}");
         assert_eq!(s["idmap_pending"], 0, "{s}");
     }
+
+    // A restart with mappings present loads them (the topic ends with a commit marker, which
+    // the reader once waited for forever) and enriches at once.
+    let again = Tally::start_example("crm-to-erp.yaml", &names, dir.path(), "i1");
+    produce(&names.input, &[order("O-060", "CRM-2")]);
+    let out = read_committed(&names.output, 61, Duration::from_secs(120));
+    let restarted = again.stop();
+    assert!(
+        !events(&restarted, "ID mappings loaded").is_empty(),
+        "the mappings loaded on restart"
+    );
+    let newest = out
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<serde_json::Value>(m.payload()?).ok())
+        .find(|v| v["order_id"] == "O-060")
+        .expect("the restarted instance processed the new order");
+    assert_eq!(newest["erp_customer_id"].as_str(), Some("ERP-2"), "{newest}");
 }

@@ -34,16 +34,19 @@ pub fn start(
     let mut ends = HashMap::new();
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        let (_, high) = consumer
+        let (low, high) = consumer
             .fetch_watermarks(topic, p, Duration::from_secs(15))
             .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
-        ends.insert(p, high);
+        ends.insert(p, (low, high));
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl).context("assigning the mappings topic")?;
     // Catch up to the ends seen at startup before any stream thread looks ids up.
     let started = Instant::now();
-    let mut caught_up: HashMap<i32, bool> = ends.iter().map(|(p, high)| (*p, *high == 0)).collect();
+    // The topic is written in transactions, so it ends with a commit marker the consumer never
+    // hands out: a partition is read to its end when the consumer's position reaches the end
+    // seen at startup, not when the last record's offset + 1 does.
+    let mut caught_up: HashMap<i32, bool> = ends.iter().map(|(p, (low, high))| (*p, low >= high)).collect();
     let mut applied = 0u64;
     while !caught_up.values().all(|d| *d) {
         if started.elapsed() > CATCH_UP_TIMEOUT {
@@ -56,7 +59,7 @@ pub fn start(
             Some(Ok(m)) => {
                 apply(&global, &m);
                 applied += 1;
-                if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
+                if m.offset() + 1 >= ends.get(&m.partition()).map_or(0, |(_, high)| *high) {
                     caught_up.insert(m.partition(), true);
                 }
             }
@@ -64,7 +67,16 @@ pub fn start(
                 caught_up.insert(p, true);
             }
             Some(Err(e)) => tracing::warn!(error = %e, "reading the mappings topic"),
-            None => {}
+            None => {
+                if let Ok(positions) = consumer.position() {
+                    for el in positions.elements() {
+                        let reached = el.offset().to_raw().unwrap_or(-1);
+                        if ends.get(&el.partition()).is_some_and(|(_, high)| reached >= *high) {
+                            caught_up.insert(el.partition(), true);
+                        }
+                    }
+                }
+            }
         }
     }
     global.set_ready();

@@ -151,9 +151,7 @@ fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Re
             out.push_str(s);
             Ok(())
         }
-        Some(Value::Number(n)) => {
-            append_number(out, n).map_err(|shown| RenderError::Inexact(path.join("."), shown))
-        }
+        Some(Value::Number(n)) => append_number(out, n).map_err(|shown| RenderError::Inexact(path.join("."), shown)),
         Some(Value::Bool(b)) => {
             out.push_str(if *b { "true" } else { "false" });
             Ok(())
@@ -266,8 +264,7 @@ mod tests {
         assert_eq!(t.render(&doc(json!({"id": 12.5}))), Ok("12.5".to_string()));
         assert_eq!(t.render(&doc(json!({"id": -7}))), Ok("-7".to_string()));
         assert_eq!(t.render(&doc(json!({"id": u64::MAX}))), Ok(u64::MAX.to_string()));
-        let big: Map<String, Value> =
-            serde_json::from_str(r#"{"id": 123456789012345678901234567890}"#).expect("json");
+        let big: Map<String, Value> = serde_json::from_str(r#"{"id": 123456789012345678901234567890}"#).expect("json");
         assert!(matches!(t.render(&big), Err(RenderError::Inexact(..))));
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
     }
