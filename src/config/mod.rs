@@ -50,3 +50,49 @@ fn yaml_message(e: &serde_saphyr::Error) -> String {
     let first = text.lines().next().unwrap_or("invalid YAML").trim();
     format!("invalid YAML: {first}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        match load_str("t.yaml", yaml, |_| None) {
+            Ok(_) => vec![],
+            Err(e) => e.to_string().lines().map(str::to_string).collect(),
+        }
+    }
+
+    fn topology(app: &str, pipeline: &str, processing: &str, properties: &str) -> String {
+        format!(
+            "application_id: \"{app}\"\nkafka: {{ bootstrap_servers: b, properties: {{ {properties} }} }}\n\
+             processing: {{ {processing} }}\nsources:\n  p: {{ topic: t }}\npipelines:\n  - name: \"{pipeline}\"\n    \
+             from: p\n    key: \"{{id}}\"\n    to: {{ topic: o }}\ndead_letter: {{ topic: d }}\n"
+        )
+    }
+
+    #[test]
+    fn operator_mistakes_are_configuration_errors_with_their_place() {
+        assert!(problems(&topology("app", "p", "commit_interval_ms: 100", "")).is_empty());
+        let slow = problems(&topology("app", "p", "commit_interval_ms: 120000", ""));
+        assert!(
+            slow.iter()
+                .any(|p| p.contains("t.yaml:3:") && p.contains("transaction.timeout.ms")),
+            "{slow:?}"
+        );
+        assert!(problems(&topology(
+            "app",
+            "p",
+            "commit_interval_ms: 120000",
+            "transaction.timeout.ms: 300000"
+        ))
+        .is_empty());
+        for bad in ["..", "."] {
+            let found = problems(&topology(bad, "p", "", ""));
+            assert!(found.iter().any(|p| p.contains("application_id")), "{bad}: {found:?}");
+        }
+        let reserved = problems(&topology("app", "reconcile", "", ""));
+        assert!(reserved.iter().any(|p| p.contains("reserved")), "{reserved:?}");
+        let member = problems(&topology("app", "p", "", "group.instance.id: x"));
+        assert!(member.iter().any(|p| p.contains("group.instance.id")), "{member:?}");
+    }
+}

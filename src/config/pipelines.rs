@@ -59,7 +59,21 @@ pub(super) fn pipelines(c: &mut Collector, raw: Option<RawPipelines>, known: &Kn
 fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known: &Known<'_>) -> Option<Pipeline> {
     let (sources, application_id) = (known.sources, known.application_id);
     let name = required(c, p.name, Some(at), &format!("{label} needs a `name`"))
-        .and_then(|n| kafka_name(c, &n, "pipelines.name"));
+        .and_then(|n| kafka_name(c, &n, "pipelines.name"))
+        .filter(|n| {
+            // Task directories and names are `<pipeline>-<partition>`, and the live reconciler's
+            // are `reconcile-<partition>`: a pipeline of that name would share them.
+            let reserved = n == "reconcile";
+            if reserved {
+                c.at_loc(
+                    at,
+                    format!(
+                        "{label}: the name `reconcile` is reserved for the live reconciler's tasks; choose another"
+                    ),
+                );
+            }
+            !reserved
+        });
     let from = required(
         c,
         p.from,

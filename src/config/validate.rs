@@ -23,7 +23,11 @@ const RESERVED_PROPERTIES: &[&str] = &[
     "transactional.id",
     "enable.idempotence",
     "partition.assignment.strategy",
+    "group.instance.id",
 ];
+
+/// librdkafka's `transaction.timeout.ms` as tally sets it, unless `kafka.properties` does.
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
 
 /// Validates `raw`, reporting into `c`; returns the topology when nothing was wrong.
 pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
@@ -55,7 +59,32 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
         }
     };
 
+    let commit_at = raw
+        .processing
+        .as_ref()
+        .and_then(|p| p.commit_interval_ms.as_ref())
+        .map(|s| s.referenced);
     let processing = processing(c, raw.processing);
+    if let (Some(p), Some(k), Some(at)) = (&processing, &kafka, commit_at) {
+        let timeout_ms = k
+            .properties
+            .get("transaction.timeout.ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
+        let interval_ms = p.commit_interval.as_millis() as u64;
+        // A transaction stays open for the interval plus its commit; past the timeout the
+        // broker aborts it, so every transaction would fail.
+        if interval_ms.saturating_mul(2) > timeout_ms {
+            c.at_loc(
+                at,
+                format!(
+                    "`processing.commit_interval_ms` is {interval_ms} but transactions time out after \
+                     {timeout_ms} ms (`transaction.timeout.ms`): the broker would abort every transaction; \
+                     use at most half the timeout, or raise `kafka.properties.transaction.timeout.ms`"
+                ),
+            );
+        }
+    }
     let (state_dir, state_cleanup_delay) = state(c, raw.state);
 
     let sources = sources(c, raw.sources);
@@ -240,13 +269,16 @@ pub(super) fn kafka_name(c: &mut Collector, t: &Text, what: &str) -> Option<Stri
         && t.value
             .chars()
             .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'));
-    if ok {
+    // Kafka refuses `.` and `..` as topic names, and as directory names (the application id,
+    // pipeline names) they would put state in the parent directory.
+    let dots = t.value.is_empty() || t.value.chars().all(|ch| ch == '.');
+    if ok && !dots {
         Some(t.value.clone())
     } else {
         c.at_loc(
             t.referenced,
             format!(
-                "`{what}` is `{}`: use at most 200 of the characters a-z A-Z 0-9 . _ -",
+                "`{what}` is `{}`: use at most 200 of the characters a-z A-Z 0-9 . _ -, not only dots",
                 t.value
             ),
         );

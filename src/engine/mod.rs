@@ -88,6 +88,12 @@ pub async fn run(
             state.display()
         )
     })?;
+    // The stores hold business keys, often personal data: owner only, whatever the umask.
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot restrict the state directory {} to its owner", state.display()))?;
+    }
     let store_env = Arc::new(StoreEnv::default());
     let global = Arc::new(GlobalMappings::default());
     let global_reader = match &topology.id_mapping {
