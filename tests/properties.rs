@@ -191,10 +191,16 @@ proptest! {
                 StoreOp::TakeChanges => {
                     prop_assert_eq!(store.take_changes(), std::mem::take(&mut m.changes));
                 }
-                StoreOp::Commit { offsets } => {
+                StoreOp::Commit { offsets } if m.changes.is_empty() => {
                     store.commit(&offsets).expect("commits");
                     m.commit(&offsets);
                     prop_assert!(store.take_changes().is_empty(), "a commit leaves no queued changes");
+                }
+                StoreOp::Commit { offsets } => {
+                    prop_assert!(
+                        matches!(store.commit(&offsets), Err(tally::store::StoreError::Unlogged(..))),
+                        "writes never taken for the changelog are refused, and nothing is written"
+                    );
                 }
                 StoreOp::Abort => {
                     store.abort();
@@ -372,6 +378,7 @@ proptest! {
                     }
                 }
                 GateOp::Commit => {
+                    store.take_changes();
                     store.commit(&[(index, offset)]).expect("commits");
                     model_committed = model_open.clone();
                     model_stale = (model_stale.0 + model_stale.1, 0);
@@ -506,6 +513,7 @@ proptest! {
                     }
                 }
                 DedupOp::Commit => {
+                    s.take_changes();
                     s.commit(&[]).expect("commits");
                     for (k, v) in std::mem::take(&mut overlay) {
                         match v {

@@ -194,7 +194,14 @@ fn failover_with_a_standby_restores_fewer_records_than_without() {
         with.restored, with.changelog, with.warm, with.promoted
     );
     assert!(without.changelog > 1_000, "the lost task had state");
-    assert_eq!(without.restored, without.changelog, "no standby: a full restore");
+    // Without a standby the survivor restores what it has no copy of: the whole changelog, or,
+    // when the group let it hold the task for a while during startup, the rest after its copy.
+    assert!(
+        without.restored > 0 && without.restored <= without.changelog,
+        "no standby: the survivor restores the changelog itself ({} of {})",
+        without.restored,
+        without.changelog
+    );
     assert!(!without.warm && without.promoted == 0);
     assert!(with.warm, "the survivor resumed from its standby copies");
     assert!(with.changelog > 1_000);

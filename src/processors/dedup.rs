@@ -134,6 +134,7 @@ mod tests {
         let retention = Duration::from_secs(10);
         admit(&mut s, 0, "old", 1_000, retention).expect("ok");
         admit(&mut s, 0, "new", 9_000, retention).expect("ok");
+        s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(expire(&mut s, 0, 12_000, retention, None, 100).expect("ok").deleted, 1);
         let changes = s.take_changes();
@@ -158,11 +159,13 @@ mod tests {
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let retention = Duration::from_secs(10);
         admit(&mut s, 0, "k", 1_000, retention).expect("ok");
+        s.take_changes();
         s.commit(&[]).expect("commit");
         // Expired but not yet cleaned up: the key passes again and is re-recorded, then an
         // expiry pass runs in the same transaction.
         assert_eq!(admit(&mut s, 0, "k", 20_000, retention).expect("ok"), Admission::First);
         assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 0);
+        s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(
             admit(&mut s, 0, "k", 21_000, retention).expect("ok"),
@@ -177,6 +180,7 @@ mod tests {
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let retention = Duration::from_secs(10);
         admit(&mut s, 0, "k", 1_000, retention).expect("ok");
+        s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 1);
         assert_eq!(expire(&mut s, 0, 30_000, retention, None, 100).expect("ok").deleted, 0);
@@ -192,6 +196,7 @@ mod tests {
             admit(&mut s, 0, k, 1_000, retention).expect("ok");
         }
         admit(&mut s, 0, "bb", 9_000, retention).expect("ok");
+        s.take_changes();
         s.commit(&[]).expect("commit");
         let mut steps = Vec::new();
         let mut after: Option<Vec<u8>> = None;

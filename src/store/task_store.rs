@@ -62,6 +62,10 @@ pub enum StoreError {
     /// The stored changelog offset is not 8 bytes.
     #[error("state store at {0}: corrupt changelog offset for `{1}`; delete the task directory to rebuild it")]
     CorruptOffset(PathBuf, String),
+    /// A commit found store writes that were never taken for the changelog: written to
+    /// RocksDB they would be in the store but not in its changelog (a bug in tally).
+    #[error("state store at {0}: {1} store writes were never sent to the changelog; refusing to commit them")]
+    Unlogged(PathBuf, usize),
 }
 
 /// All stores of one task, with uncommitted writes kept in memory.
@@ -167,7 +171,11 @@ impl TaskStore {
     }
 
     /// After the Kafka commit: writes the overlay and each store's changelog offset in one batch.
+    /// Refuses when writes of the transaction were never taken for the changelog.
     pub fn commit(&mut self, changelog_offsets: &[(usize, i64)]) -> Result<(), StoreError> {
+        if !self.changes.is_empty() {
+            return Err(StoreError::Unlogged(self.dir.clone(), self.changes.len()));
+        }
         let mut batch = WriteBatch::default();
         for (store, overlay) in self.overlays.iter().enumerate() {
             let cf = self.cf(&self.names[store])?;
@@ -184,7 +192,6 @@ impl TaskStore {
         }
         self.db.write(batch).map_err(|e| self.rocks(e))?;
         self.overlays.iter_mut().for_each(HashMap::clear);
-        self.changes.clear();
         Ok(())
     }
 
@@ -338,6 +345,11 @@ mod tests {
         {
             let mut s = open(tmp.path());
             s.put(0, b"a", vec![1]);
+            assert!(
+                matches!(s.commit(&[(0, 41)]), Err(StoreError::Unlogged(_, 1))),
+                "a write never taken for the changelog is refused"
+            );
+            assert_eq!(s.take_changes().len(), 1);
             s.commit(&[(0, 41)]).expect("commits");
             s.put(0, b"b", vec![2]);
             s.delete(0, b"a");
@@ -386,6 +398,7 @@ mod tests {
         assert_eq!((empty[0].name.as_str(), empty[0].keys), ("dedup", 0));
         s.put(0, b"a", vec![1; 100]);
         s.put(0, b"b", vec![2; 100]);
+        s.take_changes();
         s.commit(&[(0, 1)]).expect("commits");
         s.put(0, b"c", vec![3; 100]);
         let sizes = s.sizes().expect("sizes");

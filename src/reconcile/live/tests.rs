@@ -83,6 +83,7 @@ fn events_open_on_received_stay_open_through_processing_and_close_on_a_terminal_
         1,
         "one put for the event's state at the end: {changes:?}"
     );
+    t.store.take_changes();
     t.store.commit(&[]).expect("commits");
     assert_eq!(open(&t, "e3").map(|o| o.status), Some(Status::Processing));
     assert_eq!(apply(&mut t, &record("e3", "COMPLETED", 500)), Some(true));
@@ -107,6 +108,7 @@ fn scans_go_through_a_large_store_in_steps_and_alert_each_stuck_event_once() {
     }
     t.write_pending().expect("writes");
     t.store.take_changes();
+    t.store.take_changes();
     t.store.commit(&[]).expect("commits");
     // Threshold 10 s at clock 100 s: four of the five are stuck.
     let mut stuck = 0;
@@ -124,6 +126,7 @@ fn scans_go_through_a_large_store_in_steps_and_alert_each_stuck_event_once() {
     assert_eq!((report.open, report.stuck, report.alerted, stuck), (5, 4, 4, 4));
     assert_eq!(report.oldest_age_ms, 99_000);
     t.write_pending().expect("writes");
+    t.store.take_changes();
     t.store.take_changes();
     t.store.commit(&[]).expect("commits");
     let again = t.scan_step(100_000, 100).expect("steps");
