@@ -1,5 +1,5 @@
 //! Record headers as bytes. rdkafka's header accessors hand out names as `&str` and panic on a
-//! name that is not UTF-8 (`to_str().unwrap()` in `BorrowedHeaders::try_get`), which any
+//! name that is not UTF-8 (an unchecked conversion in `BorrowedHeaders::try_get`), which any
 //! librdkafka, Go or kcat producer can send; these read and copy headers through librdkafka's C
 //! API without that assumption.
 

@@ -212,12 +212,7 @@ impl Task for PipelineTask {
     /// Runs one record, producing its output, forward or dead letter, changelog and trace
     /// records into the open transaction.
     fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
-        let input = Input {
-            payload: msg.payload(),
-            correlation_header: headers::text(msg, &self.emit.correlation_header),
-            coordinates: (msg.topic(), msg.partition(), msg.offset()),
-            now_ms: now_ms(),
-        };
+        let input = input_of(msg, &self.emit.correlation_header);
         let emit = &mut self.emit;
         match &mut self.work {
             Work::Repartition { topic } => {
@@ -301,12 +296,7 @@ impl Task for PipelineTask {
         producer: &mut TxnProducer,
         rejection: Rejection,
     ) -> Result<(), ProcessError> {
-        let input = Input {
-            payload: msg.payload(),
-            correlation_header: headers::text(msg, &self.emit.correlation_header),
-            coordinates: (msg.topic(), msg.partition(), msg.offset()),
-            now_ms: now_ms(),
-        };
+        let input = input_of(msg, &self.emit.correlation_header);
         let repartitioned = self.reads_repartition_topic();
         if !repartitioned {
             self.emit.counts.records_in += 1;
@@ -372,5 +362,15 @@ impl Task for PipelineTask {
         }
         self.next_offset = None;
         self.emit.counts = Counts::default();
+    }
+}
+
+/// What the processor is told about a consumed record.
+fn input_of<'a>(msg: &'a BorrowedMessage<'_>, correlation_header: &str) -> Input<'a> {
+    Input {
+        payload: msg.payload(),
+        correlation_header: headers::text(msg, correlation_header),
+        coordinates: (msg.topic(), msg.partition(), msg.offset()),
+        now_ms: now_ms(),
     }
 }

@@ -416,14 +416,7 @@ fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
 impl Task for ReconcileTask {
     fn process(&mut self, msg: &BorrowedMessage<'_>, producer: &mut TxnProducer) -> Result<(), ProcessError> {
         if let Err(rejection) = self.apply(msg.payload())? {
-            let processed = Processed {
-                decision: Decision::Reject(rejection),
-                correlation_id: crate::engine::headers::text(msg, "correlation_id")
-                    .unwrap_or_default()
-                    .to_string(),
-            };
-            let place = crate::engine::emit::SourcePlace::of(msg, false);
-            self.emit.dead_letter(producer, msg, &place, &processed)?;
+            return self.reject(msg, producer, rejection);
         }
         self.next_offset = Some(msg.offset() + 1);
         Ok(())
