@@ -13,7 +13,7 @@ use tally::processors::state;
 use tally::processors::version_gate::{parse_version, VersionEntry};
 use tally::processors::{Decision, Input, PipelineProcessor};
 use tally::store::{Change, GlobalMappings, StoreEnv, TaskStore};
-use tally::topology::StoreKind;
+use tally::topology::{KeyTemplate, StoreKind};
 
 const STORES: usize = 2;
 /// Keys 0..KEYS; key 0 is the empty key, which RocksDB and the overlay must handle too.
@@ -317,6 +317,7 @@ proptest! {
     #[test]
     fn version_gate_emits_strictly_increasing_versions(ops in prop::collection::vec(gate_op(), 1..50)) {
         let (processor, names, index) = entity_sync();
+        let entity_template: KeyTemplate = "{entity_type}:{entity_id}".parse().expect("the example's entity template");
         let dir = tempfile::tempdir().expect("tempdir");
         let env = StoreEnv::new(1 << 20, 1 << 20);
         let mut s = Some(TaskStore::open(dir.path(), &names, &env).expect("opens"));
@@ -412,7 +413,11 @@ proptest! {
         for t in ENTITY_TYPES {
             for i in ENTITY_IDS {
                 let entity = format!("{t}:{i}");
-                let stored = state::read::<VersionEntry>(store, index, &entity).expect("reads").map(|e| e.version);
+                let at = entity_template
+                    .render_key(&json!({"entity_type": t, "entity_id": i}).as_object().cloned().unwrap_or_default())
+                    .expect("renders")
+                    .stored;
+                let stored = state::read::<VersionEntry>(store, index, &at).expect("reads").map(|e| e.version);
                 prop_assert_eq!(stored, model_committed.get(&entity).copied(), "stored version of {}", entity);
                 let last = committed.emitted.get(&entity).and_then(|v| v.last()).copied();
                 prop_assert_eq!(last, stored, "the last output of {} carries the stored version", entity);
@@ -478,7 +483,7 @@ proptest! {
                         Some(first_seen) if now - first_seen < retention_ms => Admission::Duplicate,
                         _ => Admission::First,
                     };
-                    prop_assert_eq!(dedup::admit(&mut s, 0, &name, now, RETENTION).expect("admits"), expected);
+                    prop_assert_eq!(dedup::admit(&mut s, 0, state::StoreKey { stored: &name, legacy: None }, now, RETENTION).expect("admits"), expected);
                     if expected == Admission::First {
                         overlay.insert(k.clone(), Some(now));
                         admitted_open.push((k, now));
@@ -538,5 +543,55 @@ proptest! {
                 "key {:?} admitted at {:?}, retention {} ms", k, times, retention_ms
             );
         }
+    }
+}
+
+/// A key field's value, drawn to hit separators, braces, escapes, NUL and non-ASCII often.
+fn key_field() -> impl Strategy<Value = serde_json::Value> {
+    prop_oneof![
+        4 => "[:{}\\\\\u{0}aé7-]{0,5}".prop_map(serde_json::Value::String),
+        1 => any::<i64>().prop_map(serde_json::Value::from),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    /// Distinct field tuples never share a stored key, whatever the separators inside the values
+    /// (`WH:A`+`7` and `WH`+`A:7` share the text `WH:A:7`); equal tuples always do.
+    #[test]
+    fn distinct_field_tuples_give_distinct_stored_keys(
+        a in key_field(), b in key_field(), c in key_field(), d in key_field()
+    ) {
+        let template: KeyTemplate = "{x}:{y}".parse().expect("valid");
+        let render = |x: &serde_json::Value, y: &serde_json::Value| {
+            template.render_key(&json!({"x": x, "y": y}).as_object().cloned().unwrap_or_default())
+        };
+        let (Ok(first), Ok(second)) = (render(&a, &b), render(&c, &d)) else {
+            return Ok(());
+        };
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let same_tuple = (text(&a), text(&b)) == (text(&c), text(&d));
+        prop_assert_eq!(first.stored == second.stored, same_tuple, "{:?} vs {:?}", first, second);
+    }
+
+    /// The separator moved from one field into the other: the same text, never the same key.
+    #[test]
+    fn a_separator_inside_a_field_never_merges_two_keys(
+        x in "[:a\\\\é]{1,4}", y in "[:a\\\\é]{0,4}", z in "[:a\\\\é]{1,4}"
+    ) {
+        let template: KeyTemplate = "{x}:{y}".parse().expect("valid");
+        let render = |x: String, y: String| {
+            template
+                .render_key(&json!({"x": x, "y": y}).as_object().cloned().unwrap_or_default())
+                .expect("non-empty fields render")
+        };
+        let left = render(format!("{x}:{y}"), z.clone());
+        let right = render(x.clone(), format!("{y}:{z}"));
+        prop_assert_eq!(&left.text, &right.text, "the readable forms coincide");
+        prop_assert_ne!(left.stored, right.stored);
     }
 }

@@ -237,6 +237,15 @@ impl ConsumerContext for StreamContext {
                 }
                 for el in tpl.elements() {
                     let key = (el.topic().to_string(), el.partition());
+                    if let Some(next) = st.txn.position(&key) {
+                        tracing::info!(
+                            topic = el.topic(),
+                            partition = el.partition(),
+                            next,
+                            lost = consumer.assignment_lost(),
+                            "partition revoked; this thread had read up to here (committed unless lost)"
+                        );
+                    }
                     st.txn.forget(&key);
                     if st.tasks.remove(&key).is_some() {
                         tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
@@ -339,6 +348,15 @@ impl ThreadState {
             return Ok(());
         };
         let key = &self.lookup;
+        if self.txn.position(key).is_none() {
+            // Where each owner starts reading is what a replay or a gap is judged by.
+            tracing::info!(
+                topic = msg.topic(),
+                partition = msg.partition(),
+                offset = msg.offset(),
+                "first record of the partition since it was assigned"
+            );
+        }
         // Before anything of the record is written: an abort rewinds to it.
         if !self.txn.consumed(key, msg.offset()) {
             tracing::warn!(

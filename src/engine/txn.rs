@@ -141,6 +141,11 @@ impl Txn {
         rewind
     }
 
+    /// The partition's position (the offset after its last record taken), if it has one.
+    pub fn position(&self, partition: &Partition) -> Option<i64> {
+        self.next.get(partition).copied()
+    }
+
     /// Forgets a partition that left this thread (revoked after the commit or abort).
     pub fn forget(&mut self, partition: &Partition) {
         self.rewind.remove(partition);

@@ -1,7 +1,7 @@
 //! The `ignore` strategy: the first record of a business key passes, later ones are duplicates
 //! until the key's retention has passed.
 
-use super::state::{self, StateError};
+use super::state::{self, StateError, StoreKey};
 use crate::store::TaskStore;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -26,18 +26,18 @@ pub enum Admission {
 pub fn admit(
     store: &mut TaskStore,
     index: usize,
-    key: &str,
+    key: StoreKey<'_>,
     now_ms: i64,
     retention: Duration,
 ) -> Result<Admission, StateError> {
-    if let Some(entry) = state::read::<DedupEntry>(store, index, key)? {
+    if let Some(entry) = state::read_key::<DedupEntry>(store, index, key)? {
         let age_ms = now_ms.saturating_sub(entry.first_seen_ms);
         // Expired keys count as absent even before a cleanup pass removes them.
         if u128::try_from(age_ms).unwrap_or(0) < retention.as_millis() {
             return Ok(Admission::Duplicate);
         }
     }
-    state::write(store, index, key, &DedupEntry { first_seen_ms: now_ms })?;
+    state::write(store, index, key.stored, &DedupEntry { first_seen_ms: now_ms })?;
     Ok(Admission::First)
 }
 
@@ -102,26 +102,30 @@ mod tests {
     use super::*;
     use crate::store::StoreEnv;
 
+    fn k(stored: &str) -> StoreKey<'_> {
+        StoreKey { stored, legacy: None }
+    }
+
     #[test]
     fn first_passes_repeats_are_duplicates_until_retention_passes() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let day = Duration::from_secs(86_400);
         assert_eq!(
-            admit(&mut s, 0, "PAY-1:PAID", 1_000, day).expect("ok"),
+            admit(&mut s, 0, k("PAY-1:PAID"), 1_000, day).expect("ok"),
             Admission::First
         );
         assert_eq!(
-            admit(&mut s, 0, "PAY-1:PAID", 2_000, day).expect("ok"),
+            admit(&mut s, 0, k("PAY-1:PAID"), 2_000, day).expect("ok"),
             Admission::Duplicate
         );
         assert_eq!(
-            admit(&mut s, 0, "PAY-1:SHIPPED", 2_000, day).expect("ok"),
+            admit(&mut s, 0, k("PAY-1:SHIPPED"), 2_000, day).expect("ok"),
             Admission::First
         );
         let later = 1_000 + 86_400_000;
         assert_eq!(
-            admit(&mut s, 0, "PAY-1:PAID", later, day).expect("ok"),
+            admit(&mut s, 0, k("PAY-1:PAID"), later, day).expect("ok"),
             Admission::First
         );
         assert_eq!(s.take_changes().len(), 3, "every accepted key is changelogged");
@@ -132,8 +136,8 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let retention = Duration::from_secs(10);
-        admit(&mut s, 0, "old", 1_000, retention).expect("ok");
-        admit(&mut s, 0, "new", 9_000, retention).expect("ok");
+        admit(&mut s, 0, k("old"), 1_000, retention).expect("ok");
+        admit(&mut s, 0, k("new"), 9_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(expire(&mut s, 0, 12_000, retention, None, 100).expect("ok").deleted, 1);
@@ -144,11 +148,11 @@ mod tests {
             (b"old".as_slice(), None)
         );
         assert_eq!(
-            admit(&mut s, 0, "old", 12_000, retention).expect("ok"),
+            admit(&mut s, 0, k("old"), 12_000, retention).expect("ok"),
             Admission::First
         );
         assert_eq!(
-            admit(&mut s, 0, "new", 12_000, retention).expect("ok"),
+            admit(&mut s, 0, k("new"), 12_000, retention).expect("ok"),
             Admission::Duplicate
         );
     }
@@ -158,17 +162,20 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let retention = Duration::from_secs(10);
-        admit(&mut s, 0, "k", 1_000, retention).expect("ok");
+        admit(&mut s, 0, k("k"), 1_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
         // Expired but not yet cleaned up: the key passes again and is re-recorded, then an
         // expiry pass runs in the same transaction.
-        assert_eq!(admit(&mut s, 0, "k", 20_000, retention).expect("ok"), Admission::First);
+        assert_eq!(
+            admit(&mut s, 0, k("k"), 20_000, retention).expect("ok"),
+            Admission::First
+        );
         assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 0);
         s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(
-            admit(&mut s, 0, "k", 21_000, retention).expect("ok"),
+            admit(&mut s, 0, k("k"), 21_000, retention).expect("ok"),
             Admission::Duplicate,
             "the fresh entry survived the expiry pass"
         );
@@ -179,7 +186,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let retention = Duration::from_secs(10);
-        admit(&mut s, 0, "k", 1_000, retention).expect("ok");
+        admit(&mut s, 0, k("k"), 1_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 1);
@@ -192,10 +199,10 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         let retention = Duration::from_secs(10);
-        for k in ["a", "b", "c", "d", "e"] {
-            admit(&mut s, 0, k, 1_000, retention).expect("ok");
+        for key in ["a", "b", "c", "d", "e"] {
+            admit(&mut s, 0, k(key), 1_000, retention).expect("ok");
         }
-        admit(&mut s, 0, "bb", 9_000, retention).expect("ok");
+        admit(&mut s, 0, k("bb"), 9_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
         let mut steps = Vec::new();
@@ -220,7 +227,7 @@ mod tests {
         let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
         s.put(0, b"k", vec![42, 0]);
         assert!(matches!(
-            admit(&mut s, 0, "k", 0, Duration::from_secs(1)),
+            admit(&mut s, 0, k("k"), 0, Duration::from_secs(1)),
             Err(StateError::Codec { .. })
         ));
     }

@@ -1,8 +1,10 @@
 //! The `merge` strategy: increments (a note, a cart line) are appended to the entity's state,
 //! each increment id once, within a size bound.
 
-use super::state::{self, StateError};
+use super::state::{self, StateError, StoreKey};
 use crate::store::TaskStore;
+use crate::topology::template::STORED_KEY_START;
+use crate::topology::RenderedKey;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -27,6 +29,9 @@ pub enum Merge {
         /// Size the state would have had.
         bytes: usize,
     },
+    /// The entity's stored state is not a JSON object (why); nothing changed, and the
+    /// increment must not be merged into an empty state in its place.
+    Unreadable(String),
 }
 
 /// Where and how to merge.
@@ -38,24 +43,34 @@ pub struct MergeSpec<'a> {
     pub max_state_bytes: usize,
 }
 
-/// Applies `increment` (identified by `increment_id`) to `entity`'s merged state.
+/// Applies `increment` (identified by `increment_id`) to the merged state of `entity` (stored
+/// under `at`).
 pub fn apply(
     store: &mut TaskStore,
     index: usize,
+    at: StoreKey<'_>,
     entity: &str,
-    increment_id: &str,
+    increment_id: &RenderedKey,
     increment: &Map<String, Value>,
     spec: MergeSpec<'_>,
 ) -> Result<Merge, StateError> {
-    let mut entry = state::read::<MergedEntry>(store, index, entity)?.unwrap_or_else(|| MergedEntry {
+    let mut entry = state::read_key::<MergedEntry>(store, index, at)?.unwrap_or_else(|| MergedEntry {
         applied: Vec::new(),
         state: String::new(),
     });
-    let slot = match entry.applied.binary_search_by(|id| id.as_str().cmp(increment_id)) {
-        Ok(_) => return Ok(Merge::AlreadyApplied),
-        Err(slot) => slot,
+    if already_applied(&entry.applied, increment_id) {
+        return Ok(Merge::AlreadyApplied);
+    }
+    let id = increment_id.stored.as_str();
+    let slot = entry.applied.partition_point(|applied| applied.as_str() < id);
+    let mut doc: Map<String, Value> = if entry.state.is_empty() {
+        Map::new()
+    } else {
+        match serde_json::from_str(&entry.state) {
+            Ok(doc) => doc,
+            Err(e) => return Ok(Merge::Unreadable(e.to_string())),
+        }
     };
-    let mut doc: Map<String, Value> = serde_json::from_str(&entry.state).unwrap_or_default();
     doc.insert("entity".into(), Value::String(entity.to_string()));
     let items = doc.entry(spec.into).or_insert_with(|| Value::Array(Vec::new()));
     if let Value::Array(list) = items {
@@ -64,14 +79,22 @@ pub fn apply(
     let count = doc.get(spec.into).and_then(Value::as_array).map_or(0, Vec::len);
     doc.insert("increments".into(), Value::from(count));
     let text = Value::Object(doc).to_string();
-    let size = text.len() + entry.applied.iter().map(String::len).sum::<usize>() + increment_id.len();
+    let size = text.len() + entry.applied.iter().map(String::len).sum::<usize>() + id.len();
     if size > spec.max_state_bytes {
         return Ok(Merge::TooLarge { bytes: size });
     }
-    entry.applied.insert(slot, increment_id.to_string());
+    entry.applied.insert(slot, id.to_string());
     entry.state = text;
-    state::write(store, index, entity, &entry)?;
+    state::write(store, index, at.stored, &entry)?;
     Ok(Merge::Applied(entry.state.into_bytes()))
+}
+
+/// True when the increment is in the sorted `applied` ids: by its stored key, or by its text
+/// while the entry still holds text ids of an earlier version (they sort after stored ones).
+fn already_applied(applied: &[String], id: &RenderedKey) -> bool {
+    let has = |wanted: &str| applied.binary_search_by(|a| a.as_str().cmp(wanted)).is_ok();
+    let text_ids = applied.last().is_some_and(|last| !last.starts_with(STORED_KEY_START));
+    has(&id.stored) || (text_ids && has(&id.text))
 }
 
 #[cfg(test)]
@@ -79,6 +102,17 @@ mod tests {
     use super::*;
     use crate::store::StoreEnv;
     use serde_json::json;
+
+    fn at(stored: &str) -> StoreKey<'_> {
+        StoreKey { stored, legacy: None }
+    }
+
+    fn id(text: &str) -> RenderedKey {
+        RenderedKey {
+            text: text.to_string(),
+            stored: format!("{STORED_KEY_START}f{text}{STORED_KEY_START}"),
+        }
+    }
 
     fn obj(v: Value) -> Map<String, Value> {
         v.as_object().cloned().unwrap_or_default()
@@ -95,14 +129,14 @@ mod tests {
         let a = obj(json!({"line_id": "L1", "sku": "A"}));
         let b = obj(json!({"line_id": "L2", "sku": "B"}));
         assert!(matches!(
-            apply(&mut s, 0, "cart-1", "L1", &a, spec).expect("ok"),
+            apply(&mut s, 0, at("cart-1"), "cart-1", &id("L1"), &a, spec).expect("ok"),
             Merge::Applied(_)
         ));
         assert_eq!(
-            apply(&mut s, 0, "cart-1", "L1", &a, spec).expect("ok"),
+            apply(&mut s, 0, at("cart-1"), "cart-1", &id("L1"), &a, spec).expect("ok"),
             Merge::AlreadyApplied
         );
-        let Merge::Applied(state) = apply(&mut s, 0, "cart-1", "L2", &b, spec).expect("ok") else {
+        let Merge::Applied(state) = apply(&mut s, 0, at("cart-1"), "cart-1", &id("L2"), &b, spec).expect("ok") else {
             panic!("second line applies");
         };
         let v: Value = serde_json::from_slice(&state).expect("json state");
@@ -122,25 +156,79 @@ mod tests {
         let small = obj(json!({"text": "hi"}));
         let big = obj(json!({"text": "x".repeat(200)}));
         assert!(matches!(
-            apply(&mut s, 0, "e", "n1", &small, spec).expect("ok"),
+            apply(&mut s, 0, at("e"), "e", &id("n1"), &small, spec).expect("ok"),
             Merge::Applied(_)
         ));
         assert!(matches!(
-            apply(&mut s, 0, "e", "n2", &big, spec).expect("ok"),
+            apply(&mut s, 0, at("e"), "e", &id("n2"), &big, spec).expect("ok"),
             Merge::TooLarge { .. }
         ));
         assert!(matches!(
-            apply(&mut s, 0, "e", "n3", &small, spec).expect("ok"),
+            apply(&mut s, 0, at("e"), "e", &id("n3"), &small, spec).expect("ok"),
             Merge::Applied(_)
         ));
         // A refused increment was not recorded, so a smaller retry of it applies once.
         assert!(matches!(
-            apply(&mut s, 0, "e", "n2", &small, spec).expect("ok"),
+            apply(&mut s, 0, at("e"), "e", &id("n2"), &small, spec).expect("ok"),
             Merge::Applied(_)
         ));
         assert_eq!(
-            apply(&mut s, 0, "e", "n2", &small, spec).expect("ok"),
+            apply(&mut s, 0, at("e"), "e", &id("n2"), &small, spec).expect("ok"),
             Merge::AlreadyApplied
         );
+    }
+
+    #[test]
+    fn an_unreadable_state_refuses_the_increment_instead_of_starting_over() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
+        let broken = MergedEntry {
+            applied: vec![id("L1").stored],
+            state: "not json".to_string(),
+        };
+        state::write(&mut s, 0, "cart-9", &broken).expect("writes");
+        let spec = MergeSpec {
+            into: "lines",
+            max_state_bytes: 4096,
+        };
+        let line = obj(json!({"line_id": "L2"}));
+        assert!(matches!(
+            apply(&mut s, 0, at("cart-9"), "cart-9", &id("L2"), &line, spec).expect("ok"),
+            Merge::Unreadable(_)
+        ));
+        let kept: MergedEntry = state::read(&s, 0, "cart-9").expect("reads").expect("still there");
+        assert_eq!(kept, broken, "the stored state is left for an operator to look at");
+    }
+
+    #[test]
+    fn increments_recorded_by_text_id_in_an_earlier_version_are_still_recognised() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
+        let old = MergedEntry {
+            applied: vec!["L1".to_string()],
+            state: r#"{"lines":[{"line_id":"L1"}],"increments":1}"#.to_string(),
+        };
+        state::write(&mut s, 0, "cart-1", &old).expect("writes");
+        let legacy = StoreKey {
+            stored: "\0lcart-1\0",
+            legacy: Some("cart-1"),
+        };
+        let spec = MergeSpec {
+            into: "lines",
+            max_state_bytes: 4096,
+        };
+        let line = obj(json!({"line_id": "L1"}));
+        assert_eq!(
+            apply(&mut s, 0, legacy, "cart-1", &id("L1"), &line, spec).expect("ok"),
+            Merge::AlreadyApplied
+        );
+        let moved: Option<MergedEntry> = state::read(&s, 0, "\0lcart-1\0").expect("reads");
+        assert_eq!(moved, Some(old), "the entry moved to its stored key on first use");
+        assert_eq!(state::read::<MergedEntry>(&s, 0, "cart-1").expect("reads"), None);
+        let Merge::Applied(state) = apply(&mut s, 0, legacy, "cart-1", &id("L2"), &line, spec).expect("ok") else {
+            panic!("a new increment applies");
+        };
+        let state: Value = serde_json::from_slice(&state).expect("json");
+        assert_eq!(state["increments"], 2);
     }
 }

@@ -6,12 +6,13 @@ use super::fields::Fields;
 use super::idmap::{self, MappingRecord, PendingCreate};
 use super::merge::{self, Merge, MergeSpec};
 use super::rejection::{Reason, Rejection};
-use super::state::StateError;
+use super::state::{self, StateError, StoreKey};
 use super::version_gate::{self, Gate};
 use crate::store::{GlobalMappings, TaskStore};
 use crate::topology::template::RenderError;
-use crate::topology::{MergeEmit, Pipeline, StoreKind, Strategy};
+use crate::topology::{MergeEmit, Pipeline, RenderedKey, StoreKind, Strategy};
 use serde_json::{Map, Value};
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 /// What the engine knows about a consumed record.
@@ -104,6 +105,9 @@ pub struct PipelineProcessor {
     stores: Vec<StoreKind>,
     global: Arc<GlobalMappings>,
     fields: Fields,
+    /// Per store: whether it may still hold text keys of an earlier version, looked up once
+    /// (the task's stores are restored before its first record).
+    legacy_keys: Vec<OnceCell<bool>>,
 }
 
 impl PipelineProcessor {
@@ -111,13 +115,33 @@ impl PipelineProcessor {
     /// `global` is the instance's ID-mapping store.
     pub fn new(pipeline: Arc<Pipeline>, max_record_bytes: usize, global: Arc<GlobalMappings>) -> Self {
         let stores = pipeline.store_kinds();
+        let legacy_keys = stores.iter().map(|_| OnceCell::new()).collect();
         Self {
+            legacy_keys,
             fields: Fields::of(&pipeline),
             pipeline,
             max_record_bytes,
             stores,
             global,
         }
+    }
+
+    /// Where `key`'s state lives in store `index`.
+    fn store_key<'k>(&self, store: &TaskStore, index: usize, key: &'k RenderedKey) -> Result<StoreKey<'k>, StateError> {
+        let legacy = match self.legacy_keys.get(index).and_then(OnceCell::get) {
+            Some(known) => *known,
+            None => {
+                let possible = state::legacy_keys_possible(store, index)?;
+                if let Some(cell) = self.legacy_keys.get(index) {
+                    let _ = cell.set(possible);
+                }
+                possible
+            }
+        };
+        Ok(StoreKey {
+            stored: &key.stored,
+            legacy: legacy.then_some(key.text.as_str()),
+        })
     }
 
     fn store_index(&self, kind: StoreKind) -> Result<usize, StateError> {
@@ -138,12 +162,16 @@ impl PipelineProcessor {
             Ok(doc) => doc,
             Err(rejection) => return Ok(self.rejected(input, None, rejection)),
         };
-        let key = match self.pipeline.key.render(&doc) {
+        let key = match self.pipeline.key.render_key(&doc) {
             Ok(k) => k,
             Err(e) => return Ok(self.rejected(input, Some(&doc), key_rejection(e, "key"))),
         };
-        let correlation_id =
-            correlation::resolve(&self.pipeline.correlation, input.correlation_header, Some(&doc), &key);
+        let correlation_id = correlation::resolve(
+            &self.pipeline.correlation,
+            input.correlation_header,
+            Some(&doc),
+            &key.text,
+        );
         let event_type = doc.get("event_type").and_then(Value::as_str);
         let Some(route) = self.pipeline.route_for(event_type) else {
             let detail = match event_type {
@@ -157,7 +185,7 @@ impl PipelineProcessor {
         };
         let output_template = self.pipeline.output.key.as_ref().or(route.strategy.entity());
         let output_key = match output_template.map(|t| t.render(&doc)) {
-            None => key.clone(),
+            None => key.text.clone(),
             Some(Ok(k)) => k,
             Some(Err(e)) => {
                 return Ok(Processed {
@@ -200,13 +228,13 @@ impl PipelineProcessor {
         &self,
         strategy: &Strategy,
         doc: &Map<String, Value>,
-        key: String,
+        key: RenderedKey,
         output_key: String,
         now_ms: i64,
         store: &mut TaskStore,
     ) -> Result<Result<Decision, Rejection>, StateError> {
-        let emit = |key: String, payload: Option<Vec<u8>>| Decision::Emit {
-            idempotency_key: key,
+        let emit = |key: RenderedKey, payload: Option<Vec<u8>>| Decision::Emit {
+            idempotency_key: key.text,
             output_key: output_key.clone(),
             payload,
             pending: Vec::new(),
@@ -214,13 +242,16 @@ impl PipelineProcessor {
         Ok(Ok(match strategy {
             Strategy::Ignore { retention } => {
                 let index = self.store_index(StoreKind::Dedup)?;
-                match dedup::admit(store, index, &key, now_ms, *retention)? {
+                let at = self.store_key(store, index, &key)?;
+                match dedup::admit(store, index, at, now_ms, *retention)? {
                     Admission::First => emit(key, None),
-                    Admission::Duplicate => Decision::Duplicate { idempotency_key: key },
+                    Admission::Duplicate => Decision::Duplicate {
+                        idempotency_key: key.text,
+                    },
                 }
             }
             Strategy::Overwrite { entity, version } => {
-                let entity = match entity.render(doc) {
+                let entity = match entity.render_key(doc) {
                     Ok(e) => e,
                     Err(e) => return Ok(Err(key_rejection(e, "entity"))),
                 };
@@ -233,10 +264,11 @@ impl PipelineProcessor {
                     return Ok(Err(Rejection::new(Reason::InvalidVersion, detail)));
                 };
                 let index = self.store_index(StoreKind::Versions)?;
-                match version_gate::offer(store, index, &entity, v)? {
+                let at = self.store_key(store, index, &entity)?;
+                match version_gate::offer(store, index, at, v)? {
                     Gate::Newer => emit(key, None),
                     Gate::Stale { current } => Decision::Stale {
-                        idempotency_key: key,
+                        idempotency_key: key.text,
                         version: v,
                         current,
                     },
@@ -249,7 +281,7 @@ impl PipelineProcessor {
                 emit: what,
                 max_state_bytes,
             } => {
-                let (entity, id) = match (entity.render(doc), increment_id.render(doc)) {
+                let (entity, id) = match (entity.render_key(doc), increment_id.render_key(doc)) {
                     (Ok(e), Ok(i)) => (e, i),
                     (Err(e), _) => return Ok(Err(key_rejection(e, "entity"))),
                     (_, Err(e)) => return Ok(Err(key_rejection(e, "increment id"))),
@@ -259,18 +291,26 @@ impl PipelineProcessor {
                     into,
                     max_state_bytes: *max_state_bytes,
                 };
-                match merge::apply(store, index, &entity, &id, doc, spec)? {
+                let at = self.store_key(store, index, &entity)?;
+                match merge::apply(store, index, at, &entity.text, &id, doc, spec)? {
                     Merge::Applied(state) => match what {
                         MergeEmit::State => emit(key, Some(state)),
                         MergeEmit::Increment => emit(key, None),
                     },
-                    Merge::AlreadyApplied => Decision::Duplicate { idempotency_key: key },
+                    Merge::AlreadyApplied => Decision::Duplicate {
+                        idempotency_key: key.text,
+                    },
                     Merge::TooLarge { bytes } => {
                         // The bound protects memory and the changelog: the increment is refused.
                         let detail = format!(
-                            "merged state of `{entity}` would be {bytes} bytes, over max_state_bytes {max_state_bytes}"
+                            "merged state of `{}` would be {bytes} bytes, over max_state_bytes {max_state_bytes}",
+                            entity.text
                         );
                         return Ok(Err(Rejection::new(Reason::StateTooLarge, detail)));
+                    }
+                    Merge::Unreadable(why) => {
+                        let detail = format!("the merged state of `{}` cannot be read: {why}", entity.text);
+                        return Ok(Err(Rejection::new(Reason::UnreadableState, detail)));
                     }
                 }
             }
@@ -282,10 +322,12 @@ impl PipelineProcessor {
                 let index = self.store_index(StoreKind::Links)?;
                 match idmap::record(store, index, &self.global, &wb)? {
                     Some(records) => Decision::Mapping {
-                        idempotency_key: key,
+                        idempotency_key: key.text,
                         records,
                     },
-                    None => Decision::Duplicate { idempotency_key: key },
+                    None => Decision::Duplicate {
+                        idempotency_key: key.text,
+                    },
                 }
             }
         }))

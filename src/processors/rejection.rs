@@ -23,6 +23,9 @@ pub enum Reason {
     InvalidVersion,
     /// A `merge` increment would grow the entity's state past its bound.
     StateTooLarge,
+    /// The entity's stored `merge` state cannot be read; the increment is kept here instead of
+    /// being merged into an empty state.
+    UnreadableState,
     /// What the record becomes on the way out (output, repartition record, trace record,
     /// changelog record) is larger than Kafka accepts.
     OutputTooLarge,
@@ -30,7 +33,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for metrics initialisation and reports.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::NotAnObject,
@@ -40,6 +43,7 @@ impl Reason {
         Reason::NoRoute,
         Reason::InvalidVersion,
         Reason::StateTooLarge,
+        Reason::UnreadableState,
         Reason::OutputTooLarge,
     ];
 
@@ -55,6 +59,7 @@ impl Reason {
             Reason::NoRoute => "no_route",
             Reason::InvalidVersion => "invalid_version",
             Reason::StateTooLarge => "state_too_large",
+            Reason::UnreadableState => "unreadable_state",
             Reason::OutputTooLarge => "output_too_large",
         }
     }

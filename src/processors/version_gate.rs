@@ -1,7 +1,7 @@
 //! The `overwrite` strategy: per entity, only a strictly higher source version passes, so the
 //! output per entity is version-ordered. tally never invents versions.
 
-use super::state::{self, StateError};
+use super::state::{self, StateError, StoreKey};
 use crate::store::TaskStore;
 use serde::{Deserialize, Serialize};
 
@@ -30,15 +30,15 @@ pub fn parse_version(text: &str) -> Option<i64> {
 }
 
 /// Offers `version` for `entity`; records it when it passes.
-pub fn offer(store: &mut TaskStore, index: usize, entity: &str, version: i64) -> Result<Gate, StateError> {
-    if let Some(current) = state::read::<VersionEntry>(store, index, entity)? {
+pub fn offer(store: &mut TaskStore, index: usize, entity: StoreKey<'_>, version: i64) -> Result<Gate, StateError> {
+    if let Some(current) = state::read_key::<VersionEntry>(store, index, entity)? {
         if version <= current.version {
             return Ok(Gate::Stale {
                 current: current.version,
             });
         }
     }
-    state::write(store, index, entity, &VersionEntry { version })?;
+    state::write(store, index, entity.stored, &VersionEntry { version })?;
     Ok(Gate::Newer)
 }
 
@@ -47,21 +47,25 @@ mod tests {
     use super::*;
     use crate::store::StoreEnv;
 
+    fn k(stored: &str) -> StoreKey<'_> {
+        StoreKey { stored, legacy: None }
+    }
+
     #[test]
     fn only_strictly_higher_versions_pass() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["v".to_string()], &StoreEnv::default()).expect("opens");
-        assert_eq!(offer(&mut s, 0, "customer:C-1", 5).expect("ok"), Gate::Newer);
+        assert_eq!(offer(&mut s, 0, k("customer:C-1"), 5).expect("ok"), Gate::Newer);
         assert_eq!(
-            offer(&mut s, 0, "customer:C-1", 5).expect("ok"),
+            offer(&mut s, 0, k("customer:C-1"), 5).expect("ok"),
             Gate::Stale { current: 5 }
         );
         assert_eq!(
-            offer(&mut s, 0, "customer:C-1", 3).expect("ok"),
+            offer(&mut s, 0, k("customer:C-1"), 3).expect("ok"),
             Gate::Stale { current: 5 }
         );
-        assert_eq!(offer(&mut s, 0, "customer:C-2", 1).expect("ok"), Gate::Newer);
-        assert_eq!(offer(&mut s, 0, "customer:C-1", 6).expect("ok"), Gate::Newer);
+        assert_eq!(offer(&mut s, 0, k("customer:C-2"), 1).expect("ok"), Gate::Newer);
+        assert_eq!(offer(&mut s, 0, k("customer:C-1"), 6).expect("ok"), Gate::Newer);
     }
 
     #[test]

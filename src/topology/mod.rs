@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use template::KeyTemplate;
+pub use template::{KeyTemplate, RenderedKey};
 
 /// A whole application: what `tally run` executes.
 #[derive(Debug, Clone)]

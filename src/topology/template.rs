@@ -124,7 +124,35 @@ impl KeyTemplate {
         })
     }
 
-    /// Builds the key for one JSON object.
+    /// Builds the key for one JSON object, in both its forms (see [`RenderedKey`]).
+    pub fn render_key(&self, doc: &Map<String, Value>) -> Result<RenderedKey, RenderError> {
+        let mut text = String::new();
+        let mut stored = String::from(STORED_KEY_START);
+        let mut value = String::new();
+        for part in &self.parts {
+            let (kind, content) = match part {
+                Part::Literal(literal) => ('l', literal.as_str()),
+                Part::Field(path) => {
+                    value.clear();
+                    append_scalar(&mut value, lookup(doc, path), path)?;
+                    ('f', value.as_str())
+                }
+            };
+            text.push_str(content);
+            stored.push(kind);
+            for c in content.chars() {
+                match c {
+                    '\\' => stored.push_str("\\\\"),
+                    '\0' => stored.push_str("\\0"),
+                    other => stored.push(other),
+                }
+            }
+            stored.push('\0');
+        }
+        Ok(RenderedKey { text, stored })
+    }
+
+    /// Builds the readable key for one JSON object (repartition and output message keys).
     pub fn render(&self, doc: &Map<String, Value>) -> Result<String, RenderError> {
         let mut out = String::new();
         for part in &self.parts {
@@ -135,6 +163,25 @@ impl KeyTemplate {
         }
         Ok(out)
     }
+}
+
+/// The first character of every stored key. Stores written by earlier versions hold text keys,
+/// which start with it only when their first part is a field whose value starts with NUL.
+pub const STORED_KEY_START: char = '\0';
+
+/// A key rendered for one record, in two forms.
+///
+/// `text` is the template with its fields filled in (`SKU-1:WH:A:7`): what trace records, dead
+/// letters and logs show. Two records can share it (`WH:A`+`7` and `WH`+`A:7`), so stores keep
+/// `stored`: after [`STORED_KEY_START`], each part of the template as a kind (`l` literal, `f`
+/// field), its text with `\` and NUL escaped, and a NUL. The NULs split it back into exactly
+/// those parts, so distinct field values always give distinct stored keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedKey {
+    /// The readable form.
+    pub text: String,
+    /// The unambiguous form stores use.
+    pub stored: String,
 }
 
 fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
