@@ -47,12 +47,22 @@ dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
 
     // After retention the expiry pass deletes the key through the changelog.
     let changelog = names.changelog("payments");
+    let template: tally::topology::KeyTemplate = "{payment_id}:{status}".parse().expect("valid");
+    let stored = template
+        .render_key(
+            &serde_json::json!({"payment_id": "P-1", "status": "PAID"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        )
+        .expect("renders")
+        .stored;
     let deadline = Instant::now() + Duration::from_secs(30);
     let tombstoned = loop {
         let records = read_committed(&changelog, 0, Duration::from_secs(5));
         let tomb = records
             .iter()
-            .any(|m| m.key() == Some(b"P-1:PAID".as_slice()) && m.payload().is_none());
+            .any(|m| m.key() == Some(stored.as_bytes()) && m.payload().is_none());
         if tomb || Instant::now() > deadline {
             break tomb;
         }

@@ -117,3 +117,44 @@ fn a_record_whose_output_outgrows_the_producer_limit_costs_one_dead_letter_not_t
     );
     tally.stop();
 }
+
+#[test]
+fn key_fields_that_hold_the_separator_stay_distinct_events() {
+    let names = Names::new("separator");
+    create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("producer");
+    // `{payment_id}:{status}` reads `X:Y:PAID` for both events; each comes twice, and a last
+    // event marks the end (one partition, so everything before it is decided when it is out).
+    let events = [
+        ("X:Y", "PAID"),
+        ("X", "Y:PAID"),
+        ("X:Y", "PAID"),
+        ("X", "Y:PAID"),
+        ("END", "PAID"),
+    ];
+    for (i, (id, status)) in events.iter().enumerate() {
+        let body = serde_json::json!({"event_type": "payment.paid", "payment_id": id, "status": status}).to_string();
+        let key = format!("k-{i}");
+        producer
+            .send(BaseRecord::to(&names.input).key(&key).payload(&body))
+            .expect("enqueue");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology_with(dir.path(), &names, 4096, false);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    let out = read_committed(&names.output, 3, Duration::from_secs(90));
+    let mut ids: Vec<String> = out
+        .iter()
+        .filter_map(|m| m.payload())
+        .filter_map(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+        .filter_map(|v| v["payment_id"].as_str().map(str::to_string))
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["END", "X", "X:Y"], "two events with one readable key, each once");
+    tally.stop();
+}

@@ -272,3 +272,79 @@ fn merge_emits_the_state_applies_each_increment_once_and_bounds_it() {
         Decision::Emit { .. }
     ));
 }
+
+#[test]
+fn separators_inside_key_fields_keep_events_apart_in_every_store() {
+    let (p, mut s, _tmp) = setup();
+    let a = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"payment.paid","payment_id":"X:Y","status":"PAID"}"#,
+    );
+    let b = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"payment.paid","payment_id":"X","status":"Y:PAID"}"#,
+    );
+    assert!(matches!(a.decision, Decision::Emit { .. }), "{a:?}");
+    assert!(
+        matches!(&b.decision, Decision::Emit { idempotency_key, .. } if idempotency_key == "X:Y:PAID"),
+        "the same readable key, another event: {b:?}"
+    );
+    let again = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"payment.paid","payment_id":"X","status":"Y:PAID"}"#,
+    );
+    assert!(matches!(again.decision, Decision::Duplicate { .. }), "{again:?}");
+
+    let (p, mut s, _tmp) = setup_with(ROUTES);
+    let first = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"entity.updated","type":"a:b","id":"c","v":2}"#,
+    );
+    let other = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"entity.updated","type":"a","id":"b:c","v":1}"#,
+    );
+    assert!(matches!(first.decision, Decision::Emit { .. }), "{first:?}");
+    assert!(
+        matches!(other.decision, Decision::Emit { .. }),
+        "entity `a`+`b:c` is not entity `a:b`+`c`, whose version is higher: {other:?}"
+    );
+}
+
+#[test]
+fn text_keys_written_by_an_earlier_version_still_count_and_move_to_their_stored_form() {
+    let (p, mut s, _tmp) = setup();
+    // As an earlier version left it: the readable key as the stored key, committed.
+    let index = 0;
+    state::write(&mut s, index, "P1:PAID", &dedup::DedupEntry { first_seen_ms: 900 }).expect("writes");
+    s.take_changes();
+    s.commit(&[]).expect("commits");
+    let again = run(
+        &p,
+        &mut s,
+        br#"{"event_type":"payment.paid","payment_id":"P1","status":"PAID"}"#,
+    );
+    assert_eq!(
+        again.decision,
+        Decision::Duplicate {
+            idempotency_key: "P1:PAID".into()
+        }
+    );
+    let moved: Vec<(Vec<u8>, bool)> = s
+        .take_changes()
+        .into_iter()
+        .map(|c| (c.key, c.value.is_some()))
+        .collect();
+    assert_eq!(
+        moved.len(),
+        2,
+        "a tombstone for the text key and the value under the stored key: {moved:?}"
+    );
+    assert!(moved.contains(&(b"P1:PAID".to_vec(), false)));
+    assert!(moved.iter().any(|(k, put)| *put && k.first() == Some(&0)));
+}
