@@ -71,3 +71,52 @@ fn metrics_and_health_endpoints_report_the_running_instance() {
         "the server stops with the instance"
     );
 }
+
+#[test]
+fn an_unreachable_cluster_at_start_is_waited_for_not_a_crash() {
+    let names = Names::new("no-broker");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Nothing listens there: the address was free a moment ago.
+    let nowhere = free_address();
+    let yaml = format!(
+        r#"
+application_id: {app}
+kafka: {{ bootstrap_servers: "{nowhere}" }}
+state: {{ dir: {state} }}
+sources: {{ payments: {{ topic: {input} }} }}
+pipelines:
+  - name: payments
+    from: payments
+    key: "{{payment_id}}:{{status}}"
+    to: {{ topic: {output} }}
+dead_letter: {{ topic: {dlq} }}
+"#,
+        app = names.app,
+        state = dir.path().join("state").display(),
+        input = names.input,
+        output = names.output,
+        dlq = names.dlq,
+    );
+    let topology = dir.path().join("topology.yaml");
+    std::fs::write(&topology, yaml).expect("write topology");
+    let addr = free_address();
+    let env = [("TALLY_HTTP_ADDRESS", addr.clone())];
+    let tally = Tally::start_with_env(&topology, "i1", dir.path().join("tally.log"), &env);
+    // Longer than a metadata request's 15 s timeout, after which tally used to exit.
+    std::thread::sleep(Duration::from_secs(20));
+    assert_eq!(
+        http_get(&addr, "/health/live").map(|(c, _)| c),
+        Some(200),
+        "alive and waiting"
+    );
+    assert_eq!(
+        http_get(&addr, "/health/ready").map(|(c, _)| c),
+        Some(503),
+        "not ready without a cluster"
+    );
+    let lines = tally.stop();
+    assert!(
+        !events(&lines, "the Kafka cluster cannot be reached yet; waiting for it").is_empty(),
+        "it says what it waits for"
+    );
+}

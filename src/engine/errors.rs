@@ -120,6 +120,14 @@ pub fn recovery(err: KafkaError, step: TxnStep) -> Recovery {
     }
 }
 
+/// True when `err` was caused by a Kafka error worth waiting out (the cluster unreachable or
+/// still starting), as opposed to one that needs a change (configuration, authorization).
+pub fn worth_waiting(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|cause| cause.downcast_ref::<KafkaError>())
+        .any(|k| classify(k) == ErrorClass::Retriable)
+}
+
 /// Why a stream thread's generation ended.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -188,5 +196,16 @@ mod tests {
             "commit",
         );
         assert!(matches!(e, EngineError::TaskMigrated(_)));
+    }
+
+    #[test]
+    fn an_unreachable_cluster_is_waited_for_and_a_refusal_is_not() {
+        let down = anyhow::Error::new(KafkaError::MetadataFetch(RDKafkaErrorCode::OperationTimedOut))
+            .context("cannot read metadata of topic `in`");
+        assert!(worth_waiting(&down));
+        let refused = anyhow::Error::new(KafkaError::MetadataFetch(RDKafkaErrorCode::TopicAuthorizationFailed))
+            .context("cannot read metadata of topic `in`");
+        assert!(!worth_waiting(&refused));
+        assert!(!worth_waiting(&anyhow::anyhow!("not a number of bytes")));
     }
 }

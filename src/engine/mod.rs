@@ -63,14 +63,38 @@ pub async fn run(
     health: Arc<health::Health>,
     shutdown: Shutdown,
 ) -> Result<()> {
-    let t = topology.clone();
-    let rt = tokio::runtime::Handle::current();
-    let (write_limit, limited_by) = tokio::task::spawn_blocking(move || {
-        admin::prepare_topics(&t, &rt)?;
-        admin::write_limit(&t, &rt)
-    })
-    .await
-    .context("topic preparation panicked")??;
+    // A cluster that is down or still starting is waited for (readiness stays 503), as Kafka
+    // Streams does, instead of exiting into a restart loop; a refusal stops tally at once.
+    let mut wait = Duration::from_secs(1);
+    let (write_limit, limited_by) = loop {
+        let t = topology.clone();
+        let rt = tokio::runtime::Handle::current();
+        let prepared = tokio::task::spawn_blocking(move || {
+            admin::prepare_topics(&t, &rt)?;
+            admin::write_limit(&t, &rt)
+        })
+        .await
+        .context("topic preparation panicked")?;
+        match prepared {
+            Ok(limit) => break limit,
+            Err(e) if errors::worth_waiting(&e) => {
+                tracing::warn!(
+                    error = %format!("{e:#}"),
+                    retry_in_s = wait.as_secs(),
+                    "the Kafka cluster cannot be reached yet; waiting for it"
+                );
+                let until = Instant::now() + wait;
+                while Instant::now() < until && !shutdown.is_triggered() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                if shutdown.is_triggered() {
+                    return Ok(());
+                }
+                wait = (wait * 2).min(Duration::from_secs(15));
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let max_in = topology.processing.max_record_bytes;
     if max_in > write_limit {
         tracing::warn!(

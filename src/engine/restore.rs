@@ -1,7 +1,7 @@
 //! Brings a task's store up to its changelog's committed end before the task processes.
 
 use crate::metrics::Metrics;
-use crate::store::TaskStore;
+use crate::store::{StoreError, TaskStore};
 use anyhow::{bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -122,14 +122,20 @@ pub fn restore(
 /// retention deleted cannot be patched; both are rebuilt from what the changelog holds.
 pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i64) -> Result<(i64, bool)> {
     let name = store.name(index).to_string();
-    let (from_offset, wiped) = match store.changelog_offset(index)? {
-        Some(o) => (o + 1, false),
-        None if store.has_data(index)? => {
+    let (from_offset, wiped) = match store.changelog_offset(index) {
+        Ok(Some(o)) => (o + 1, false),
+        Ok(None) if store.has_data(index)? => {
             tracing::warn!(store = %name, partition, "store has data but no changelog offset: wiping it for a full restore");
             store.wipe(index)?;
             (0, true)
         }
-        None => (0, false),
+        Ok(None) => (0, false),
+        Err(StoreError::CorruptOffset(..)) => {
+            tracing::warn!(store = %name, partition, "store's changelog offset is corrupt: wiping it for a full restore");
+            store.wipe(index)?;
+            (0, true)
+        }
+        Err(e) => return Err(e.into()),
     };
     if from_offset > 0 && low > from_offset {
         tracing::warn!(

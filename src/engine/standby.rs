@@ -197,7 +197,7 @@ fn refresh(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) -> Res
 
 /// Opens a standby store and makes each of its stores resumable from its recorded offset.
 fn open(cfg: &StandbyConfig, layout: &TaskLayout, partition: i32, consumer: &BaseConsumer) -> Result<TaskStore> {
-    let mut store = TaskStore::open(&layout.dir, &layout.stores, &cfg.store_env)?;
+    let mut store = TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &cfg.store_env)?;
     for (i, changelog) in layout.changelogs.iter().enumerate() {
         let (low, _) = consumer
             .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)

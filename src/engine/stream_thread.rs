@@ -504,7 +504,7 @@ impl ThreadState {
             if let Some(store) = self.cfg.standbys.take(&layout.dir) {
                 return Ok(store);
             }
-            match TaskStore::open(&layout.dir, &layout.stores, &self.cfg.store_env) {
+            match TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &self.cfg.store_env) {
                 Ok(store) => return Ok(store),
                 Err(StoreError::Lock(LockError::Held(_))) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(100));

@@ -108,6 +108,34 @@ impl TaskStore {
         })
     }
 
+    /// Opens the task database like [`TaskStore::open`]; a database RocksDB reports corrupt is moved
+    /// aside (to `<dir>.corrupt-<ms since the epoch>`, for an operator to look at until the
+    /// stale-directory cleaner removes it) and an empty
+    /// one opened in its place, which the restore fills from the changelog, as Kafka Streams
+    /// does with a corrupted task. Without this the task would fail to open on every attempt.
+    pub fn open_or_rebuild(dir: &Path, names: &[String], env: &StoreEnv) -> Result<Self, StoreError> {
+        match Self::open(dir, names, env) {
+            Err(StoreError::Rocks { source, .. }) if source.kind() == rocksdb::ErrorKind::Corruption => {
+                let millis = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis());
+                let aside = PathBuf::from(format!("{}.corrupt-{millis}", dir.display()));
+                tracing::error!(
+                    dir = %dir.display(),
+                    moved_to = %aside.display(),
+                    error = %source,
+                    "task store is corrupt: moving it aside and rebuilding it from the changelog"
+                );
+                std::fs::rename(dir, &aside).map_err(|source| StoreError::Io {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+                Self::open(dir, names, env)
+            }
+            other => other,
+        }
+    }
+
     /// The task directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -404,5 +432,46 @@ mod tests {
         let sizes = s.sizes().expect("sizes");
         assert_eq!(sizes[0].keys, 2, "the uncommitted key is not counted");
         assert!(sizes[0].bytes >= 200, "the memtable holds both values: {sizes:?}");
+    }
+
+    #[test]
+    fn a_corrupt_database_is_moved_aside_and_opened_empty() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let dir = parent.path().join("task");
+        {
+            let mut s = TaskStore::open(&dir, &["dedup".to_string()], &StoreEnv::default()).expect("opens");
+            s.put(0, b"k", b"v".to_vec());
+            s.take_changes();
+            s.commit(&[(0, 5)]).expect("commits");
+        }
+        std::fs::write(dir.join("CURRENT"), b"garbage without a newline").expect("corrupts");
+        assert!(matches!(
+            TaskStore::open(&dir, &["dedup".to_string()], &StoreEnv::default()),
+            Err(StoreError::Rocks { .. })
+        ));
+        let s = TaskStore::open_or_rebuild(&dir, &["dedup".to_string()], &StoreEnv::default()).expect("rebuilt");
+        assert!(!s.has_data(0).expect("reads"), "empty, for a full restore");
+        assert_eq!(s.changelog_offset(0).expect("reads"), None);
+        let aside: Vec<_> = std::fs::read_dir(parent.path())
+            .expect("lists")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("task.corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "the corrupt copy is kept for inspection");
+    }
+
+    #[test]
+    fn a_corrupt_changelog_offset_means_a_full_restore() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = open(tmp.path());
+        s.put(0, b"k", b"v".to_vec());
+        s.take_changes();
+        s.commit(&[(0, 5)]).expect("commits");
+        let meta = s.cf(META_CF).expect("meta family");
+        s.db.put_cf(meta, offset_key("dedup"), b"bad").expect("writes");
+        assert!(matches!(s.changelog_offset(0), Err(StoreError::CorruptOffset(..))));
+        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0).expect("resumes");
+        assert_eq!(resumed, (0, true), "wiped and read from the changelog's start");
+        assert!(!s.has_data(0).expect("reads"));
     }
 }
