@@ -158,3 +158,40 @@ fn key_fields_that_hold_the_separator_stay_distinct_events() {
     assert_eq!(ids, ["END", "X", "X:Y"], "two events with one readable key, each once");
     tally.stop();
 }
+
+#[test]
+fn a_dead_letter_of_the_second_stage_keeps_the_source_record_s_own_key() {
+    let names = Names::new("dlq-key");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("producer");
+    // The repartition key (`payment_id`) renders, the business key (`{payment_id}:{status}`)
+    // does not: the record is dead-lettered after the repartition hop, where its message key is
+    // the repartition key.
+    let no_status = serde_json::json!({"event_type": "payment.paid", "payment_id": "P-7"}).to_string();
+    producer
+        .send(BaseRecord::to(&names.input).key("orig-7").payload(&no_status))
+        .expect("enqueue");
+    producer
+        .send(BaseRecord::<(), _>::to(&names.input).payload(&no_status))
+        .expect("enqueue");
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    let dlq = read_committed(&names.dlq, 2, Duration::from_secs(90));
+    tally.stop();
+    let mut keys: Vec<Option<Vec<u8>>> = dlq.iter().map(|m| m.key().map(<[u8]>::to_vec)).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [None, Some(b"orig-7".to_vec())],
+        "the source records' own keys, not the repartition key `P-7`"
+    );
+    assert!(dlq
+        .iter()
+        .all(|m| header(m, "tally.error.reason").as_deref() == Some("missing_key_field")));
+}

@@ -115,6 +115,7 @@ const PRODUCER_DEFAULT_MAX_BYTES: usize = 1_000_000;
 /// The largest record tally can write, and what sets it: the producer's `message.max.bytes`
 /// or the smallest `max.message.bytes` of the topics tally writes (outputs, dead letters,
 /// trace, alerts, changelogs, repartition and mappings topics). Call after `prepare_topics`.
+/// Fails when a topic that keeps state (a changelog, the mappings topic) is not compacted.
 pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
     let producer = match t.kafka.properties.get("message.max.bytes") {
         Some(v) => v
@@ -147,9 +148,32 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
             &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
         ))
         .context("cannot read the configuration of the topics tally writes")?;
+    let mut compacted: Vec<String> = t
+        .pipelines
+        .iter()
+        .flat_map(|p| p.store_names())
+        .map(|s| t.changelog_topic(&s))
+        .collect();
+    if t.reconcile.is_some() {
+        compacted.push(t.changelog_topic(Topology::RECONCILE_STORE));
+    }
+    compacted.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
     for (topic, result) in topics.iter().zip(results) {
         let config =
             result.map_err(|code| anyhow::anyhow!("cannot read the configuration of topic `{topic}`: {code}"))?;
+        // A changelog whose old records are deleted by age restores a store without them: the
+        // keys it forgot come out again as new events.
+        let policy = config.get("cleanup.policy").and_then(|e| e.value.as_deref());
+        if let (true, Some(policy)) = (compacted.contains(topic), policy) {
+            if !policy.split(',').any(|p| p.trim() == "compact") {
+                bail!(
+                    "topic `{topic}` keeps state for tally but has `cleanup.policy={policy}`, so its old records \
+                     would be deleted and a restore would forget them; set it to `compact` \
+                     (kafka-configs.sh --alter --entity-type topics --entity-name {topic} \
+                     --add-config cleanup.policy=compact)"
+                );
+            }
+        }
         let bytes = config
             .get("max.message.bytes")
             .and_then(|e| e.value.as_deref())

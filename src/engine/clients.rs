@@ -58,6 +58,9 @@ pub fn restore_consumer(t: &Topology) -> ClientConfig {
     c.set("group.id", format!("{}-restore", t.application_id))
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
+        // A position compaction or retention has passed reads from the changelog's start
+        // (librdkafka's default would skip to its end, and restore nothing).
+        .set("auto.offset.reset", "earliest")
         .set_if_absent("fetch.wait.max.ms", "10")
         .set_if_absent("fetch.max.bytes", "52428800")
         // A restore reads one partition, and fetch round trips bound it: 16 MiB per fetch

@@ -33,6 +33,22 @@ pub const SOURCE_TOPIC_HEADER: &str = "tally.source.topic";
 pub const SOURCE_PARTITION_HEADER: &str = "tally.source.partition";
 /// Source offset of an event.
 pub const SOURCE_OFFSET_HEADER: &str = "tally.source.offset";
+/// The source record's own message key, on records crossing a repartition topic (a null value:
+/// the source record had none), so a dead letter of the second stage carries the original key.
+pub const SOURCE_KEY_HEADER: &str = "tally.source.key";
+
+/// The message key a dead letter of `msg` carries: the source record's own. On a repartition
+/// topic (`trusted`) that is the one its `tally.source.key` header kept; records written there
+/// before that header existed fall back to their own key.
+pub fn original_key<'a>(msg: &'a BorrowedMessage<'_>, trusted: bool) -> Option<&'a [u8]> {
+    let kept = headers::entries(msg)
+        .filter(|_| trusted)
+        .find(|h| h.name == SOURCE_KEY_HEADER.as_bytes());
+    match kept {
+        Some(h) => h.value,
+        None => msg.key(),
+    }
+}
 
 /// Outcome counts of the open transaction, published to metrics only when it commits.
 #[derive(Debug, Default, Clone)]
@@ -328,7 +344,7 @@ impl Emitter {
         // A dead letter must always fit: what makes it too large is left out, payload first,
         // then the key, then the input's own headers; the reason and the source's coordinates
         // (to fetch the original from the source topic) always stay.
-        let mut key = msg.key();
+        let mut key = original_key(msg, self.trusts_source_headers);
         let mut payload = msg.payload();
         let mut headers = ours(headers::copy_except(msg, &self.correlation_header));
         if !producer.fits(key, payload, &headers) {

@@ -100,6 +100,13 @@ impl TxnProducer {
         record_size(key, payload, headers) <= self.limit
     }
 
+    /// Shortens every later wait (deliveries, offsets, commit, abort) to `to`: the last commit
+    /// before an instance stops must not outlast its termination grace period when the cluster
+    /// is away; what it cannot commit, the next owner processes again.
+    pub fn limit_waits(&mut self, to: Duration) {
+        self.timeout = self.timeout.min(to);
+    }
+
     /// True while a transaction is open.
     pub fn in_transaction(&self) -> bool {
         self.in_transaction
@@ -174,7 +181,10 @@ impl TxnProducer {
         let offsets_at = Instant::now();
         // A commit that timed out is resumed by calling it again (librdkafka keeps its state),
         // in shorter calls so a broker back within the budget completes it.
-        retry(self.timeout, || self.producer.commit_transaction(END_TXN_CALL)).map_err(|e| (e, TxnStep::EndTxn))?;
+        retry(self.timeout, || {
+            self.producer.commit_transaction(END_TXN_CALL.min(self.timeout))
+        })
+        .map_err(|e| (e, TxnStep::EndTxn))?;
         if faults::hit(Point::CommitOutcomeUnknown) {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut),

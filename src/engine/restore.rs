@@ -40,7 +40,7 @@ pub fn restore(
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, Duration::from_secs(15))
         .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
-    let (from_offset, wiped) = resume_point(store, index, partition, low)?;
+    let (from_offset, wiped) = resume_point(store, index, partition, low, high)?;
     let mut restored = 0u64;
     // Per partition: tasks of one store restoring at once (several threads) each have their own.
     let remaining = metrics
@@ -117,10 +117,11 @@ pub fn restore(
     Ok(report)
 }
 
-/// Where to resume reading store `index`'s changelog whose first offset is `low`, and whether the
-/// store was wiped first: a store with data but no offset is corrupt, and one that needs records
-/// retention deleted cannot be patched; both are rebuilt from what the changelog holds.
-pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i64) -> Result<(i64, bool)> {
+/// Where to resume reading store `index`'s changelog, which holds offsets `low` to `high`, and
+/// whether the store was wiped first: a store with data but no offset is corrupt, one that needs
+/// records retention deleted cannot be patched, and one that has read past the changelog's end
+/// read a changelog since deleted and created again; all are rebuilt from what it holds.
+pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i64, high: i64) -> Result<(i64, bool)> {
     let name = store.name(index).to_string();
     let (from_offset, wiped) = match store.changelog_offset(index) {
         Ok(Some(o)) => (o + 1, false),
@@ -137,6 +138,18 @@ pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i6
         }
         Err(e) => return Err(e.into()),
     };
+    if from_offset > high {
+        tracing::warn!(
+            store = %name,
+            partition,
+            read_up_to = from_offset,
+            changelog_end = high,
+            "the store has read past the changelog's end (the topic was deleted and created again?); \
+             wiping it and restoring from what the changelog holds"
+        );
+        store.wipe(index)?;
+        return Ok((low, true));
+    }
     if from_offset > 0 && low > from_offset {
         tracing::warn!(
             store = %name,

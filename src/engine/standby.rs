@@ -199,10 +199,10 @@ fn refresh(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) -> Res
 fn open(cfg: &StandbyConfig, layout: &TaskLayout, partition: i32, consumer: &BaseConsumer) -> Result<TaskStore> {
     let mut store = TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &cfg.store_env)?;
     for (i, changelog) in layout.changelogs.iter().enumerate() {
-        let (low, _) = consumer
+        let (low, high) = consumer
             .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
-            .with_context(|| format!("reading the start of `{changelog}`"))?;
-        resume_point(&mut store, i, partition, low)?;
+            .with_context(|| format!("reading the start and end of `{changelog}`"))?;
+        resume_point(&mut store, i, partition, low, high)?;
     }
     Ok(store)
 }

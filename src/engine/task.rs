@@ -1,7 +1,7 @@
 //! A task: one partition of a consumed topic and the work done on it inside the stream
 //! thread's transaction; here the pipeline task (a pipeline stage and its stores).
 
-use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace};
+use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace, SOURCE_KEY_HEADER};
 use super::errors::EngineError;
 use super::faults::{self, Point};
 use super::headers;
@@ -235,7 +235,11 @@ impl Task for PipelineTask {
                             partition: None,
                             key: Some(r.key.as_bytes()),
                             payload: msg.payload(),
-                            headers: place.headers(headers::copy_except(msg, "")),
+                            headers: headers::add(
+                                place.headers(headers::copy_except(msg, "")),
+                                SOURCE_KEY_HEADER.as_bytes(),
+                                msg.key(),
+                            ),
                         };
                         producer.send(out).map_err(ProcessError::Kafka)?;
                         emit.counts.repartitioned += 1;

@@ -470,8 +470,26 @@ mod tests {
         let meta = s.cf(META_CF).expect("meta family");
         s.db.put_cf(meta, offset_key("dedup"), b"bad").expect("writes");
         assert!(matches!(s.changelog_offset(0), Err(StoreError::CorruptOffset(..))));
-        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0).expect("resumes");
+        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 100).expect("resumes");
         assert_eq!(resumed, (0, true), "wiped and read from the changelog's start");
+        assert!(!s.has_data(0).expect("reads"));
+    }
+
+    #[test]
+    fn a_store_ahead_of_its_changelog_is_rebuilt_from_it() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = open(tmp.path());
+        s.put(0, b"k", b"v".to_vec());
+        s.take_changes();
+        s.commit(&[(0, 500)]).expect("commits");
+        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 501).expect("resumes");
+        assert_eq!(resumed, (501, false), "caught up: nothing to read");
+        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 40).expect("resumes");
+        assert_eq!(
+            resumed,
+            (0, true),
+            "a changelog created again: wiped, read from its start"
+        );
         assert!(!s.has_data(0).expect("reads"));
     }
 }

@@ -5,7 +5,7 @@
 use crate::common::committed_reader;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -486,11 +486,11 @@ fn check_dlq(topics: &Topics, model: &Model, report: &mut Report) {
     }
 }
 
+/// The first header named `key`, read as bytes (rdkafka's own accessor panics on a header name
+/// that is not UTF-8, which the records under test may carry).
 fn header_of(m: &BorrowedMessage<'_>, key: &str) -> Option<String> {
-    let hs = m.headers()?;
-    (0..hs.count())
-        .map(|i| hs.get(i))
-        .find(|h| h.key == key)
+    tally::engine::headers::entries(m)
+        .find(|h| h.name == key.as_bytes())
         .and_then(|h| h.value)
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }

@@ -5,7 +5,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -240,10 +240,9 @@ pub fn assert_no_open_transactions(topic: &str) {
 
 /// A header's value as text.
 pub fn header(m: &OwnedMessage, key: &str) -> Option<String> {
-    let hs = m.headers()?;
-    (0..hs.count())
-        .map(|i| hs.get(i))
-        .find(|h| h.key == key)
+    // Read as bytes: rdkafka's accessor panics on a header name that is not UTF-8.
+    tally::engine::headers::list(m.headers()?.as_borrowed())
+        .find(|h| h.name == key.as_bytes())
         .and_then(|h| h.value)
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
@@ -433,6 +432,18 @@ impl Tally {
     /// The JSON log lines written so far.
     pub fn lines(&self) -> Vec<serde_json::Value> {
         log_lines(&self.log)
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; its status, or None.
+    pub fn exit_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
     }
 }
 

@@ -348,3 +348,54 @@ fn text_keys_written_by_an_earlier_version_still_count_and_move_to_their_stored_
     assert!(moved.contains(&(b"P1:PAID".to_vec(), false)));
     assert!(moved.iter().any(|(k, put)| *put && k.first() == Some(&0)));
 }
+
+#[test]
+fn a_version_is_a_64_bit_integer_however_it_is_written() {
+    // Each record is a new entity, so every accepted version passes and is compared to nothing.
+    let cases: [(&str, Option<i64>); 14] = [
+        ("0", Some(0)),
+        ("-3", Some(-3)),
+        ("9223372036854775807", Some(i64::MAX)),
+        ("5.0", Some(5)),
+        (r#""42""#, Some(42)),
+        (r#""+5""#, Some(5)),
+        (r#""007""#, Some(7)),
+        (r#"" 8 ""#, Some(8)),
+        ("1.5", None),
+        ("9223372036854775808", None),
+        (r#""1.5""#, None),
+        (r#""v3""#, None),
+        (r#""""#, None),
+        ("true", None),
+    ];
+    let (p, mut s, _tmp) = setup_with(ROUTES);
+    for (i, (raw, expected)) in cases.iter().enumerate() {
+        let payload = format!(r#"{{"event_type":"entity.updated","type":"t","id":"e{i}","v":{raw}}}"#);
+        let decision = run(&p, &mut s, payload.as_bytes()).decision;
+        match expected {
+            Some(_) => assert!(matches!(decision, Decision::Emit { .. }), "{raw}: {decision:?}"),
+            None => assert!(
+                matches!(&decision, Decision::Reject(r) if matches!(r.reason, Reason::InvalidVersion | Reason::InexactKeyField | Reason::MissingKeyField)),
+                "{raw}: {decision:?}"
+            ),
+        }
+    }
+    // The parsed value is what the gate compares: "007" is 7, so 6 is stale and 8 is newer.
+    let entity = |v: &str| format!(r#"{{"event_type":"entity.updated","type":"t","id":"same","v":{v}}}"#);
+    assert!(matches!(
+        run(&p, &mut s, entity(r#""007""#).as_bytes()).decision,
+        Decision::Emit { .. }
+    ));
+    assert!(matches!(
+        run(&p, &mut s, entity("6").as_bytes()).decision,
+        Decision::Stale {
+            version: 6,
+            current: 7,
+            ..
+        }
+    ));
+    assert!(matches!(
+        run(&p, &mut s, entity("8").as_bytes()).decision,
+        Decision::Emit { .. }
+    ));
+}

@@ -1,9 +1,12 @@
 //! A stream thread: one group consumer and one transactional producer serving many tasks,
 //! committing outputs, changelogs and offsets in one transaction every commit interval.
 
+mod commit;
+mod rebalance;
+
 use super::clients;
-use super::emit::{Counts, ProcessError};
-use super::errors::{classify, recovery, EngineError, ErrorClass, Recovery, TxnStep};
+use super::emit::ProcessError;
+use super::errors::{classify, EngineError, ErrorClass, TxnStep};
 use super::group_watch::RejoinRequests;
 use super::layout::TaskLayout;
 use super::producer::TxnProducer;
@@ -20,16 +23,20 @@ use crate::reconcile::live::ReconcileTask;
 use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
 use crate::topology::{Stage, Topology};
 use anyhow::{anyhow, Context as _};
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Message};
+use rebalance::StreamContext;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(50);
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the last commit of a stopping instance may wait for the cluster, so SIGTERM ends it
+/// well within a termination grace period (Kubernetes' default is 30 s).
+const SHUTDOWN_COMMIT: Duration = Duration::from_secs(10);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
 const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
 /// How long opening a task waits for its directory lock (held by a standby being opened or a
@@ -150,7 +157,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
         if let Some(e) = st.failure.take() {
             return Err(e);
         }
-        st.open_assigned()?;
+        st.open_assigned(consumer)?;
         match polled {
             Some(Ok(msg)) => st.process(consumer, &msg)?,
             Some(Err(e)) => match classify(&e) {
@@ -184,7 +191,10 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             tracing::info!(thread = cfg.index, "left the group and joined it again");
         }
     }
-    lock(ctx)?.commit(consumer)?;
+    let mut st = lock(ctx)?;
+    st.producer.limit_waits(SHUTDOWN_COMMIT);
+    st.commit(consumer)?;
+    drop(st);
     tracing::info!(
         thread = cfg.index,
         "stream thread stopping: last transaction committed, leaving the group"
@@ -196,86 +206,6 @@ fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError>
     ctx.state
         .lock()
         .map_err(|_| EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic")))
-}
-
-/// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
-struct StreamContext {
-    state: Mutex<ThreadState>,
-    lag: ConsumerLag,
-}
-
-impl ClientContext for StreamContext {
-    /// librdkafka's statistics (every `statistics.interval.ms`) carry the consumer lag.
-    fn stats_raw(&self, statistics: &[u8]) {
-        self.lag.update(statistics);
-    }
-}
-
-impl ConsumerContext for StreamContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Ok(mut st) = self.state.lock() else {
-            return;
-        };
-        st.cfg.metrics.rebalances.inc();
-        match rebalance {
-            Rebalance::Revoke(tpl) => {
-                // The revoked tasks' work must be committed (or aborted) before they go. Lost
-                // partitions (the member was dropped from the group) may already be processed
-                // by their new owner: never commit for them, as Kafka Streams closes them dirty.
-                if consumer.assignment_lost() {
-                    tracing::warn!(
-                        "partitions lost (the group moved on without this member); aborting the open transaction"
-                    );
-                    st.poison(&EngineError::TaskMigrated("partitions lost".into()));
-                    st.failure
-                        .get_or_insert(EngineError::TaskMigrated("partitions lost".into()));
-                } else if st.txn.may_commit() {
-                    if let Err(e) = st.commit(consumer) {
-                        st.poison(&e);
-                        st.failure = Some(e);
-                    }
-                }
-                for el in tpl.elements() {
-                    let key = (el.topic().to_string(), el.partition());
-                    if let Some(next) = st.txn.position(&key) {
-                        tracing::info!(
-                            topic = el.topic(),
-                            partition = el.partition(),
-                            next,
-                            lost = consumer.assignment_lost(),
-                            "partition revoked; this thread had read up to here (committed unless lost)"
-                        );
-                    }
-                    st.txn.forget(&key);
-                    if st.tasks.remove(&key).is_some() {
-                        tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
-                    }
-                    if let Some(i) = st.to_open.iter().position(|k| *k == key) {
-                        st.to_open.swap_remove(i);
-                        st.cfg.health.restoring(-1);
-                    }
-                }
-            }
-            Rebalance::Assign(tpl) => {
-                let parts: Vec<String> = tpl
-                    .elements()
-                    .iter()
-                    .map(|e| format!("{}[{}]", e.topic(), e.partition()))
-                    .collect();
-                tracing::info!(partitions = %parts.join(","), "partitions assigned");
-                // Tasks open and restore right after this poll, before any record is processed.
-                for el in tpl.elements() {
-                    st.to_open.push((el.topic().to_string(), el.partition()));
-                }
-                st.cfg.health.restoring(tpl.count() as isize);
-                if !st.joined {
-                    st.joined = true;
-                    st.cfg.health.thread_joined(true);
-                }
-            }
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
-        }
-    }
 }
 
 /// The mutable state of a stream thread, reachable from the loop and the rebalance callback.
@@ -312,8 +242,16 @@ impl Drop for ThreadState {
 }
 
 impl ThreadState {
-    /// Opens and restores the tasks of newly assigned partitions.
-    fn open_assigned(&mut self) -> Result<(), EngineError> {
+    /// Opens and restores the tasks of newly assigned partitions. The open transaction commits
+    /// first: a restore can take longer than `transaction.timeout.ms`, and a transaction held
+    /// open across it would be aborted by the broker.
+    fn open_assigned(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        if self.to_open.is_empty() {
+            return Ok(());
+        }
+        if matches!(self.txn.phase(), Phase::Open { .. }) {
+            self.commit(consumer)?;
+        }
         while let Some((topic, partition)) = self.to_open.pop() {
             if !self.tasks.contains_key(&(topic.clone(), partition)) {
                 let task = self.open_task(&topic, partition);
@@ -396,32 +334,6 @@ impl ThreadState {
                 Ok(())
             }
             Err(e) => self.process_failed(consumer, e),
-        }
-    }
-
-    /// A task could not write: a failed produce aborts the transaction and rewinds when Kafka
-    /// says that is enough; anything else ends the generation.
-    fn process_failed(&mut self, consumer: &BaseConsumer<StreamContext>, e: ProcessError) -> Result<(), EngineError> {
-        match e {
-            ProcessError::Engine(e) => Err(e),
-            ProcessError::Kafka(e) => self.recover(consumer, e, TxnStep::Produce),
-        }
-    }
-
-    /// Acts on a failed transactional step as [`recovery`] decides.
-    fn recover(
-        &mut self,
-        consumer: &BaseConsumer<StreamContext>,
-        e: KafkaError,
-        step: TxnStep,
-    ) -> Result<(), EngineError> {
-        let shown = e.to_string();
-        match recovery(e, step) {
-            Recovery::AbortAndRewind => {
-                tracing::warn!(error = %shown, ?step, "aborting the transaction and rewinding");
-                self.abort_and_rewind(consumer)
-            }
-            Recovery::Restart(e) => Err(e),
         }
     }
 
@@ -537,120 +449,5 @@ impl ThreadState {
         for task in self.tasks.values_mut() {
             task.report_stores(&self.cfg.metrics);
         }
-    }
-
-    /// True when the open transaction should commit: its first record has waited the commit
-    /// interval, or it is large.
-    ///
-    /// Not sooner, as Kafka Streams does not: committing whenever the consumer's queue ran dry
-    /// made transactions back to back, and each then waited for the coordinator to finish the
-    /// one before (AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS and retried after 20 ms;
-    /// librdkafka has no KIP-890): 25-50 ms per commit instead of ~10, twice the transactions,
-    /// and no better latency (bench A/B at 17,000 records/s in the #7 notes).
-    fn commit_due(&self, now: Instant) -> bool {
-        self.txn.due(
-            now,
-            self.cfg.topology.processing.commit_interval,
-            MAX_RECORDS_PER_TRANSACTION,
-        )
-    }
-
-    /// How long the next poll may wait: until the open transaction is due, so a quiet input
-    /// does not hold a record past its commit interval.
-    fn poll_wait(&self, now: Instant) -> Duration {
-        self.txn
-            .poll_wait(now, self.cfg.topology.processing.commit_interval, POLL)
-    }
-
-    /// Commits the open transaction with every task's consumed offsets, then applies the
-    /// stores' overlays. An abortable failure aborts and rewinds instead.
-    fn commit(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        match self.txn.phase() {
-            Phase::Poisoned => {
-                return Err(EngineError::Fatal(anyhow!(
-                    "refusing to commit a transaction an earlier error left in an unknown state"
-                )))
-            }
-            Phase::Idle if !self.producer.in_transaction() => return Ok(()),
-            Phase::Idle | Phase::Open { .. } => {}
-        }
-        let flushed = self.tasks.values_mut().try_for_each(|t| t.flush(&mut self.producer));
-        if let Err(e) = flushed {
-            return self.process_failed(consumer, e);
-        }
-        let mut offsets = TopicPartitionList::new();
-        for ((topic, partition), task) in &self.tasks {
-            if let Some(next) = task.next_offset() {
-                offsets
-                    .add_partition_offset(topic, *partition, Offset::Offset(next))
-                    .map_err(|e| EngineError::Fatal(anyhow!(e)))?;
-            }
-        }
-        let group = consumer
-            .group_metadata()
-            .ok_or_else(|| EngineError::TaskMigrated("no consumer group metadata (not a group member)".into()))?;
-        let started = Instant::now();
-        let delivered = match self.producer.commit(&offsets, &group) {
-            Ok(d) => d,
-            Err((e, step)) => return self.recover(consumer, e, step),
-        };
-        self.txn.committed();
-        self.unproducible.clear();
-        let m = &self.cfg.metrics;
-        m.commit_latency.observe(started.elapsed().as_secs_f64());
-        m.transactions_committed.inc();
-        for ((topic, partition), task) in self.tasks.iter_mut() {
-            if let (true, Some(next)) = (task.reads_repartition_topic(), task.next_offset()) {
-                self.purger.committed(topic, *partition, next);
-            }
-            let counts = task.committed(&delivered)?;
-            publish(m, task.as_ref(), &counts);
-        }
-        self.purger.maybe_purge();
-        Ok(())
-    }
-
-    /// Aborts the transaction, drops uncommitted store writes and rewinds every partition the
-    /// transaction consumed from to its first record in it, so the aborted records are
-    /// processed again.
-    fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        self.producer
-            .abort()
-            .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
-        self.cfg.metrics.transactions_aborted.inc();
-        self.tasks.values_mut().for_each(|t| t.aborted());
-        for ((topic, partition), offset) in self.txn.aborted() {
-            consumer
-                .seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
-                .map_err(|e| EngineError::from_kafka(e, "rewinding after an abort"))?;
-        }
-        Ok(())
-    }
-
-    /// The generation ends on `cause` with the transaction in an unknown state: abort it as
-    /// far as Kafka lets us, drop every uncommitted store write, and never commit again.
-    fn poison(&mut self, cause: &EngineError) {
-        if self.txn.may_commit() {
-            tracing::warn!(error = %cause, "aborting the open transaction: the stream thread restarts its clients and tasks");
-        }
-        self.txn.poison();
-        if let Err(e) = self.producer.abort() {
-            tracing::warn!(error = %e, "abort failed; the next producer with this transactional id aborts the transaction");
-        }
-        self.tasks.values_mut().for_each(|t| t.aborted());
-    }
-}
-
-fn publish(m: &Metrics, task: &dyn Task, c: &Counts) {
-    let p = task.label();
-    m.records_in.with_label_values(&[p]).inc_by(c.records_in);
-    m.records_repartitioned.with_label_values(&[p]).inc_by(c.repartitioned);
-    m.records_out.with_label_values(&[p]).inc_by(c.records_out);
-    m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
-    m.stale.with_label_values(&[p]).inc_by(c.stale);
-    m.pending_created.with_label_values(&[p]).inc_by(c.pending_created);
-    m.expired_keys.with_label_values(&[p]).inc_by(c.expired);
-    for (reason, n) in &c.dead_lettered {
-        m.dead_lettered.with_label_values(&[p, reason.as_str()]).inc_by(*n);
     }
 }

@@ -1,0 +1,89 @@
+//! The stream thread's consumer context: the rebalance callbacks, which run on the stream
+//! thread inside `poll`, and the statistics that carry the consumer lag.
+
+use super::ThreadState;
+use crate::engine::errors::EngineError;
+use crate::metrics::consumer_lag::ConsumerLag;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::ClientContext;
+use std::sync::Mutex;
+
+/// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
+pub(super) struct StreamContext {
+    pub(super) state: Mutex<ThreadState>,
+    pub(super) lag: ConsumerLag,
+}
+
+impl ClientContext for StreamContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`) carry the consumer lag.
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.lag.update(statistics);
+    }
+}
+
+impl ConsumerContext for StreamContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Ok(mut st) = self.state.lock() else {
+            return;
+        };
+        st.cfg.metrics.rebalances.inc();
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                // The revoked tasks' work must be committed (or aborted) before they go. Lost
+                // partitions (the member was dropped from the group) may already be processed
+                // by their new owner: never commit for them, as Kafka Streams closes them dirty.
+                if consumer.assignment_lost() {
+                    tracing::warn!(
+                        "partitions lost (the group moved on without this member); aborting the open transaction"
+                    );
+                    st.poison(&EngineError::TaskMigrated("partitions lost".into()));
+                    st.failure
+                        .get_or_insert(EngineError::TaskMigrated("partitions lost".into()));
+                } else if st.txn.may_commit() {
+                    if let Err(e) = st.commit(consumer) {
+                        st.poison(&e);
+                        st.failure = Some(e);
+                    }
+                }
+                for el in tpl.elements() {
+                    let key = (el.topic().to_string(), el.partition());
+                    if let Some(next) = st.txn.position(&key) {
+                        tracing::info!(
+                            topic = el.topic(),
+                            partition = el.partition(),
+                            next,
+                            lost = consumer.assignment_lost(),
+                            "partition revoked; this thread had read up to here (committed unless lost)"
+                        );
+                    }
+                    st.txn.forget(&key);
+                    if st.tasks.remove(&key).is_some() {
+                        tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
+                    }
+                    if let Some(i) = st.to_open.iter().position(|k| *k == key) {
+                        st.to_open.swap_remove(i);
+                        st.cfg.health.restoring(-1);
+                    }
+                }
+            }
+            Rebalance::Assign(tpl) => {
+                let parts: Vec<String> = tpl
+                    .elements()
+                    .iter()
+                    .map(|e| format!("{}[{}]", e.topic(), e.partition()))
+                    .collect();
+                tracing::info!(partitions = %parts.join(","), "partitions assigned");
+                // Tasks open and restore right after this poll, before any record is processed.
+                for el in tpl.elements() {
+                    st.to_open.push((el.topic().to_string(), el.partition()));
+                }
+                st.cfg.health.restoring(tpl.count() as isize);
+                if !st.joined {
+                    st.joined = true;
+                    st.cfg.health.thread_joined(true);
+                }
+            }
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+}
