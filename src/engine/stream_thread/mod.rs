@@ -34,8 +34,9 @@ use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(50);
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the last commit of a stopping instance may wait for the cluster, so SIGTERM ends it
-/// well within a termination grace period (Kubernetes' default is 30 s).
+/// How long each step of a stopping instance's last commit (deliveries, offsets, commit, or the
+/// abort after a failure) may wait for the cluster, instead of 30 s each: with the cluster away,
+/// SIGTERM ends the instance in well under a minute.
 const SHUTDOWN_COMMIT: Duration = Duration::from_secs(10);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
 const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
