@@ -196,6 +196,7 @@ impl TxnProducer {
             deliveries_us = delivered_at.duration_since(started).as_micros() as u64,
             offsets_us = offsets_at.duration_since(delivered_at).as_micros() as u64,
             commit_us = offsets_at.elapsed().as_micros() as u64,
+            offsets = %describe(offsets),
             "transaction committed"
         );
         Ok(self.take_delivered())
@@ -232,6 +233,16 @@ impl TxnProducer {
             .map(|mut d| std::mem::take(&mut *d))
             .unwrap_or_default()
     }
+}
+
+/// `topic[partition]=offset,…` of the offsets a transaction committed, for diagnosing runs.
+fn describe(offsets: &TopicPartitionList) -> String {
+    offsets
+        .elements()
+        .iter()
+        .map(|e| format!("{}[{}]={:?}", e.topic(), e.partition(), e.offset()))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Repeats a call while it fails with a retriable error, up to `budget`.
