@@ -295,7 +295,7 @@ fn entity_sync() -> (PipelineProcessor, Vec<String>, usize) {
     let processor = PipelineProcessor::new(
         Arc::new(pipeline),
         topology.processing.max_record_bytes,
-        Arc::new(GlobalMappings::default()),
+        Arc::new(GlobalMappings::in_memory().expect("opens")),
     );
     (processor, names, index)
 }

@@ -1,13 +1,16 @@
-//! Feeds the global ID-mapping store: reads the whole compacted mappings topic at startup, then
-//! tails it, on a thread of its own (like a Kafka Streams global stream thread).
+//! Feeds the global ID-mapping store from the compacted mappings topic, on a thread of its own
+//! (like a Kafka Streams global stream thread): at startup from the positions the store recorded
+//! (the whole topic only on a first start), then tailing it.
 
 use super::{clients, Shutdown};
 use crate::metrics::Metrics;
+use crate::store::global::MappingRecord;
 use crate::store::GlobalMappings;
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +18,10 @@ use std::time::{Duration, Instant};
 
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+/// Records written to the store in one batch while catching up.
+const BATCH: usize = 1_000;
+/// Pause before reading a record again whose write to the store failed.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// Starts the reader and returns once the store holds the whole topic as of startup.
 pub fn start(
@@ -32,13 +39,16 @@ pub fn start(
         .with_context(|| format!("reading metadata of the mappings topic `{topic}`"))?;
     let partitions = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
     let mut ends = HashMap::new();
-    let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, p, Duration::from_secs(15))
             .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
         ends.insert(p, (low, high));
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    let starts = resume_points(&global, topic, &ends)?;
+    let mut tpl = TopicPartitionList::new();
+    for (p, from) in &starts {
+        tpl.add_partition_offset(topic, *p, *from)?;
     }
     consumer.assign(&tpl).context("assigning the mappings topic")?;
     // Catch up to the ends seen at startup before any stream thread looks ids up.
@@ -46,8 +56,12 @@ pub fn start(
     // The topic is written in transactions, so it ends with a commit marker the consumer never
     // hands out: a partition is read to its end when the consumer's position reaches the end
     // seen at startup, not when the last record's offset + 1 does.
-    let mut caught_up: HashMap<i32, bool> = ends.iter().map(|(p, (low, high))| (*p, low >= high)).collect();
+    let mut caught_up: HashMap<i32, bool> = ends
+        .iter()
+        .map(|(p, (low, high))| (*p, low >= high || starts.get(p) == Some(&Offset::Offset(*high))))
+        .collect();
     let mut applied = 0u64;
+    let mut batch: Vec<Owned> = Vec::with_capacity(BATCH);
     while !caught_up.values().all(|d| *d) {
         if started.elapsed() > CATCH_UP_TIMEOUT {
             bail!(
@@ -57,10 +71,12 @@ pub fn start(
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
-                apply(&global, &m);
-                applied += 1;
                 if m.offset() + 1 >= ends.get(&m.partition()).map_or(0, |(_, high)| *high) {
                     caught_up.insert(m.partition(), true);
+                }
+                batch.extend(Owned::of(&m));
+                if batch.len() >= BATCH {
+                    applied += write(&global, &mut batch).context("writing ID mappings to the local store")?;
                 }
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
@@ -79,6 +95,7 @@ pub fn start(
             }
         }
     }
+    applied += write(&global, &mut batch).context("writing ID mappings to the local store")?;
     global.set_ready();
     publish(&global, &metrics);
     tracing::info!(
@@ -87,32 +104,128 @@ pub fn start(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "ID mappings loaded"
     );
+    let topic = topic.to_string();
     let handle = std::thread::Builder::new()
         .name("tally-global".into())
-        .spawn(move || {
-            let mut last_gauge = Instant::now();
-            while !shutdown.is_triggered() {
-                match consumer.poll(Duration::from_millis(200)) {
-                    Some(Ok(m)) => apply(&global, &m),
-                    Some(Err(KafkaError::PartitionEOF(_))) | None => {}
-                    Some(Err(e)) => tracing::warn!(error = %e, "reading the mappings topic"),
-                }
-                if last_gauge.elapsed() >= GAUGE_INTERVAL {
-                    publish(&global, &metrics);
-                    last_gauge = Instant::now();
-                }
-            }
-            publish(&global, &metrics);
-        })
+        .spawn(move || tail(&consumer, &topic, &global, &metrics, &shutdown))
         .context("starting the ID-mapping reader thread")?;
     Ok(handle)
 }
 
-fn apply(global: &GlobalMappings, m: &rdkafka::message::BorrowedMessage<'_>) {
-    let Some(key) = m.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-        return;
-    };
-    global.apply(key, m.payload().and_then(|v| std::str::from_utf8(v).ok()));
+/// Where each partition is read from: the store's recorded position, or the beginning after
+/// the store was reset because it holds another topic or positions this topic does not have
+/// (recreated, or truncated by DeleteRecords).
+fn resume_points(
+    global: &GlobalMappings,
+    topic: &str,
+    ends: &HashMap<i32, (i64, i64)>,
+) -> Result<HashMap<i32, Offset>> {
+    let mut starts = HashMap::new();
+    let mut consistent = global.topic()?.as_deref() == Some(topic);
+    for (p, (low, high)) in ends {
+        match global.position(*p)? {
+            Some(pos) if pos >= *low && pos <= *high => {
+                starts.insert(*p, Offset::Offset(pos));
+            }
+            Some(pos) => {
+                tracing::warn!(
+                    topic,
+                    partition = p,
+                    position = pos,
+                    low,
+                    high,
+                    "the ID-mapping store's position is outside the topic (recreated?); reading the topic again"
+                );
+                consistent = false;
+            }
+            None => {
+                starts.insert(*p, Offset::Beginning);
+            }
+        }
+    }
+    if !consistent {
+        global.reset(topic)?;
+        return Ok(ends.keys().map(|p| (*p, Offset::Beginning)).collect());
+    }
+    Ok(starts)
+}
+
+/// Applies new mapping records as they arrive until shutdown; a record whose write fails is
+/// read again after a pause rather than skipped.
+fn tail(consumer: &BaseConsumer, topic: &str, global: &GlobalMappings, metrics: &Metrics, shutdown: &Shutdown) {
+    let mut last_gauge = Instant::now();
+    while !shutdown.is_triggered() {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let (partition, offset) = (m.partition(), m.offset());
+                let mut one: Vec<Owned> = Owned::of(&m).into_iter().collect();
+                if let Err(e) = write(global, &mut one) {
+                    tracing::error!(error = %e, partition, offset, "cannot write an ID mapping to the local store; retrying");
+                    if let Err(e) = consumer.seek(topic, partition, Offset::Offset(offset), Duration::from_secs(10)) {
+                        tracing::error!(error = %e, "cannot rewind the mappings reader");
+                    }
+                    shutdown.wait(RETRY_PAUSE);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+            Some(Err(e)) => tracing::warn!(error = %e, "reading the mappings topic"),
+        }
+        if last_gauge.elapsed() >= GAUGE_INTERVAL {
+            publish(global, metrics);
+            last_gauge = Instant::now();
+        }
+    }
+    publish(global, metrics);
+}
+
+/// A mappings record taken off the consumer.
+struct Owned {
+    partition: i32,
+    offset: i64,
+    key: String,
+    value: Option<String>,
+}
+
+impl Owned {
+    /// The record, unless its key or value is not UTF-8 (tally writes neither; such a record is
+    /// skipped with a warning, never taken as a delete).
+    fn of(m: &BorrowedMessage<'_>) -> Option<Self> {
+        let key = m.key().map(std::str::from_utf8);
+        let value = m.payload().map(std::str::from_utf8).transpose();
+        match (key, value) {
+            (Some(Ok(key)), Ok(value)) => Some(Self {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: key.to_string(),
+                value: value.map(str::to_string),
+            }),
+            _ => {
+                tracing::warn!(
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    "mappings record without a UTF-8 key and value skipped"
+                );
+                None
+            }
+        }
+    }
+}
+
+/// Writes and empties `batch`; returns how many records it held.
+fn write(global: &GlobalMappings, batch: &mut Vec<Owned>) -> Result<u64> {
+    let records: Vec<MappingRecord<'_>> = batch
+        .iter()
+        .map(|o| MappingRecord {
+            partition: o.partition,
+            offset: o.offset,
+            key: &o.key,
+            value: o.value.as_deref(),
+        })
+        .collect();
+    global.apply(&records)?;
+    let n = batch.len() as u64;
+    batch.clear();
+    Ok(n)
 }
 
 fn publish(global: &GlobalMappings, metrics: &Metrics) {

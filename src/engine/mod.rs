@@ -119,7 +119,15 @@ pub async fn run(
             .with_context(|| format!("cannot restrict the state directory {} to its owner", state.display()))?;
     }
     let store_env = Arc::new(StoreEnv::default());
-    let global = Arc::new(GlobalMappings::default());
+    // Per instance: instances sharing a state directory each keep their own copy.
+    let global = Arc::new(match &topology.id_mapping {
+        Some(_) => GlobalMappings::open(
+            &state.join(format!("{}-{instance_id}", GlobalMappings::DIR)),
+            &store_env,
+        )
+        .context("opening the ID-mapping store")?,
+        None => GlobalMappings::in_memory().context("creating the (unused) ID-mapping store")?,
+    });
     let global_reader = match &topology.id_mapping {
         None => None,
         Some(m) => {

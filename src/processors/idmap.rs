@@ -5,7 +5,7 @@
 use super::rejection::{Reason, Rejection};
 use super::state::{self, StateError};
 use crate::store::global::{EXTERNAL_PREFIX, INTERNAL_PREFIX, PENDING_PREFIX};
-use crate::store::{GlobalMappings, TaskStore};
+use crate::store::{GlobalMappings, StoreError, TaskStore};
 use crate::topology::MapIds;
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -30,10 +30,10 @@ pub fn pending_key(system: &str, internal: &str) -> String {
 
 /// The internal id of an external id: the recorded one, else derived (UUIDv5 of
 /// `<system>:<id>`), so the first external id an entity is seen under names it forever.
-pub fn internal_id(global: &GlobalMappings, system: &str, id: &str) -> String {
-    global
-        .get(&external_key(system, id))
-        .unwrap_or_else(|| Uuid::new_v5(&NAMESPACE, format!("{system}:{id}").as_bytes()).to_string())
+pub fn internal_id(global: &GlobalMappings, system: &str, id: &str) -> Result<String, StoreError> {
+    Ok(global
+        .get(&external_key(system, id))?
+        .unwrap_or_else(|| Uuid::new_v5(&NAMESPACE, format!("{system}:{id}").as_bytes()).to_string()))
 }
 
 /// A marker that an event went out without the target system's id.
@@ -46,12 +46,13 @@ pub struct PendingCreate {
 }
 
 /// Looks up every `map_ids` entry and writes the target ids into `doc`; unknown ones become
-/// `null` and are returned as pending-create. A missing or non-scalar id field rejects.
+/// `null` and are returned as pending-create. A missing or non-scalar id field rejects; a store
+/// that cannot be read is an error of the engine, not of the record.
 pub fn enrich(
     global: &GlobalMappings,
     specs: &[MapIds],
     doc: &mut Map<String, Value>,
-) -> Result<Vec<PendingCreate>, Rejection> {
+) -> Result<Result<Vec<PendingCreate>, Rejection>, StoreError> {
     let mut pending = Vec::new();
     for spec in specs {
         let id = match doc.get(&spec.field) {
@@ -59,15 +60,15 @@ pub fn enrich(
             Some(Value::Number(n)) => n.to_string(),
             None | Some(Value::Null) | Some(Value::String(_)) => {
                 let detail = format!("map_ids: field `{}` is missing or empty", spec.field);
-                return Err(Rejection::new(Reason::MissingKeyField, detail));
+                return Ok(Err(Rejection::new(Reason::MissingKeyField, detail)));
             }
             Some(_) => {
                 let detail = format!("map_ids: field `{}` is not a string or number", spec.field);
-                return Err(Rejection::new(Reason::NonScalarKeyField, detail));
+                return Ok(Err(Rejection::new(Reason::NonScalarKeyField, detail)));
             }
         };
-        let internal = internal_id(global, &spec.from_system, &id);
-        match global.get(&internal_key(&internal, &spec.to_system)) {
+        let internal = internal_id(global, &spec.from_system, &id)?;
+        match global.get(&internal_key(&internal, &spec.to_system))? {
             Some(target) => {
                 doc.insert(spec.into.clone(), Value::String(target));
             }
@@ -80,7 +81,7 @@ pub fn enrich(
             }
         }
     }
-    Ok(pending)
+    Ok(Ok(pending))
 }
 
 /// A record of the mappings topic: key and value (`None` deletes).
@@ -125,7 +126,7 @@ pub fn record(
     global: &GlobalMappings,
     wb: &WriteBack,
 ) -> Result<Option<Vec<MappingRecord>>, StateError> {
-    let internal = internal_id(global, &wb.source_system, &wb.source_id);
+    let internal = internal_id(global, &wb.source_system, &wb.source_id)?;
     let link = internal_key(&internal, &wb.system);
     if let Some(existing) = state::read::<String>(store, index, &link)? {
         if existing != wb.external_id {
@@ -165,11 +166,11 @@ mod tests {
 
     #[test]
     fn unknown_ids_are_pending_then_enriched_after_the_write_back() {
-        let g = GlobalMappings::default();
+        let g = GlobalMappings::in_memory().expect("opens");
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut s = TaskStore::open(tmp.path(), &["links".to_string()], &StoreEnv::default()).expect("opens");
         let mut doc = json!({"customer_id": "CRM-1"}).as_object().cloned().unwrap_or_default();
-        let pending = enrich(&g, &[spec()], &mut doc).expect("ok");
+        let pending = enrich(&g, &[spec()], &mut doc).expect("reads").expect("ok");
         assert_eq!(pending.len(), 1);
         assert_eq!(doc["erp_customer_id"], Value::Null);
 
@@ -180,9 +181,17 @@ mod tests {
             source_id: "CRM-1".into(),
         };
         let records = record(&mut s, 0, &g, &wb).expect("ok").expect("first write-back wins");
-        for (k, v) in &records {
-            g.apply(k, v.as_deref());
-        }
+        let applied: Vec<_> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (key, value))| crate::store::global::MappingRecord {
+                partition: 0,
+                offset: i as i64,
+                key,
+                value: value.as_deref(),
+            })
+            .collect();
+        g.apply(&applied).expect("applies");
         assert_eq!(
             record(&mut s, 0, &g, &wb).expect("ok"),
             None,
@@ -199,10 +208,10 @@ mod tests {
         );
 
         let mut doc = json!({"customer_id": "CRM-1"}).as_object().cloned().unwrap_or_default();
-        assert!(enrich(&g, &[spec()], &mut doc).expect("ok").is_empty());
+        assert!(enrich(&g, &[spec()], &mut doc).expect("reads").expect("ok").is_empty());
         assert_eq!(doc["erp_customer_id"], "ERP-9");
         assert_eq!(
-            internal_id(&g, "erp", "ERP-9"),
+            internal_id(&g, "erp", "ERP-9").expect("reads"),
             pending[0].internal_id,
             "one internal id for both"
         );
@@ -210,17 +219,18 @@ mod tests {
 
     #[test]
     fn internal_ids_are_deterministic() {
-        let g = GlobalMappings::default();
-        assert_eq!(internal_id(&g, "crm", "CRM-1"), internal_id(&g, "crm", "CRM-1"));
-        assert_ne!(internal_id(&g, "crm", "CRM-1"), internal_id(&g, "crm", "CRM-2"));
+        let g = GlobalMappings::in_memory().expect("opens");
+        let id = |external| internal_id(&g, "crm", external).expect("reads");
+        assert_eq!(id("CRM-1"), id("CRM-1"));
+        assert_ne!(id("CRM-1"), id("CRM-2"));
     }
 
     #[test]
     fn missing_id_fields_are_rejected() {
-        let g = GlobalMappings::default();
+        let g = GlobalMappings::in_memory().expect("opens");
         let mut doc = json!({"other": 1}).as_object().cloned().unwrap_or_default();
         assert_eq!(
-            enrich(&g, &[spec()], &mut doc).map_err(|r| r.reason),
+            enrich(&g, &[spec()], &mut doc).expect("reads").map_err(|r| r.reason),
             Err(Reason::MissingKeyField)
         );
         let bad = json!({"system": "erp"}).as_object().cloned().unwrap_or_default();

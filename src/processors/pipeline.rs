@@ -195,7 +195,7 @@ impl PipelineProcessor {
             }
         };
         // Ids are looked up before any state changes, so a rejection leaves none behind.
-        let pending = match idmap::enrich(&self.global, &self.pipeline.map_ids, &mut doc) {
+        let pending = match idmap::enrich(&self.global, &self.pipeline.map_ids, &mut doc)? {
             Ok(p) => p,
             Err(rejection) => {
                 return Ok(Processed {

@@ -62,10 +62,35 @@ pub enum StoreError {
     /// The stored changelog offset is not 8 bytes.
     #[error("state store at {0}: corrupt changelog offset for `{1}`; delete the task directory to rebuild it")]
     CorruptOffset(PathBuf, String),
+    /// A stored value cannot be decoded (written by a newer tally, or damaged).
+    #[error("state store at {path}: value of `{key}`: {source}; delete the directory to rebuild it")]
+    CorruptValue {
+        /// Store directory.
+        path: PathBuf,
+        /// The key whose value is unreadable.
+        key: String,
+        /// What is wrong with it.
+        source: super::codec::CodecError,
+    },
     /// A commit found store writes that were never taken for the changelog: written to
     /// RocksDB they would be in the store but not in its changelog (a bug in tally).
     #[error("state store at {0}: {1} store writes were never sent to the changelog; refusing to commit them")]
     Unlogged(PathBuf, usize),
+}
+
+/// Moves a database RocksDB reports corrupt to `<dir>.corrupt-<ms since the epoch>`, for an
+/// operator to look at until the stale-directory cleaner removes it; returns where it went.
+pub(super) fn move_aside(dir: &Path, error: &rocksdb::Error) -> Result<PathBuf, StoreError> {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let aside = PathBuf::from(format!("{}.corrupt-{millis}", dir.display()));
+    tracing::error!(dir = %dir.display(), moved_to = %aside.display(), %error, "store is corrupt: moving it aside");
+    std::fs::rename(dir, &aside).map_err(|source| StoreError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(aside)
 }
 
 /// All stores of one task, with uncommitted writes kept in memory.
@@ -116,20 +141,8 @@ impl TaskStore {
     pub fn open_or_rebuild(dir: &Path, names: &[String], env: &StoreEnv) -> Result<Self, StoreError> {
         match Self::open(dir, names, env) {
             Err(StoreError::Rocks { source, .. }) if source.kind() == rocksdb::ErrorKind::Corruption => {
-                let millis = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis());
-                let aside = PathBuf::from(format!("{}.corrupt-{millis}", dir.display()));
-                tracing::error!(
-                    dir = %dir.display(),
-                    moved_to = %aside.display(),
-                    error = %source,
-                    "task store is corrupt: moving it aside and rebuilding it from the changelog"
-                );
-                std::fs::rename(dir, &aside).map_err(|source| StoreError::Io {
-                    path: dir.to_path_buf(),
-                    source,
-                })?;
+                let aside = move_aside(dir, &source)?;
+                tracing::error!(moved_to = %aside.display(), "rebuilding the task store from its changelog");
                 Self::open(dir, names, env)
             }
             other => other,

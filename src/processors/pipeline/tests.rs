@@ -52,7 +52,7 @@ fn setup_with(yaml: &str) -> (PipelineProcessor, TaskStore, tempfile::TempDir) {
     let p = Arc::new(t.pipelines[0].clone());
     let tmp = tempfile::tempdir().expect("tempdir");
     let s = TaskStore::open(tmp.path(), &p.store_names(), &StoreEnv::default()).expect("opens");
-    let global = Arc::new(GlobalMappings::default());
+    let global = Arc::new(GlobalMappings::in_memory().expect("opens"));
     (PipelineProcessor::new(p, t.processing.max_record_bytes, global), s, tmp)
 }
 
