@@ -594,4 +594,27 @@ proptest! {
         prop_assert_eq!(&left.text, &right.text, "the readable forms coincide");
         prop_assert_ne!(left.stored, right.stored);
     }
+
+    /// A number keys by its value, exactly, at any size: another spelling of the same value
+    /// gives the same key, two values (beyond 64 bits too) never share one.
+    #[test]
+    fn a_number_keys_by_its_value_at_any_size(
+        a in "[1-9][0-9]{0,39}", b in "[1-9][0-9]{0,39}", zeros in 0usize..4, shift in 0usize..4
+    ) {
+        let template: KeyTemplate = "{x}".parse().expect("valid");
+        let render = |spelling: &str| {
+            let doc: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&format!(r#"{{"x": {spelling}}}"#)).expect("valid JSON");
+            template.render(&doc).expect("renders")
+        };
+        // Trailing zeros after the point, and the point moved into an exponent.
+        let respelled = if shift > 0 && shift < a.len() {
+            let (int, frac) = a.split_at(a.len() - shift);
+            format!("{int}.{frac}{}e{shift}", "0".repeat(zeros))
+        } else {
+            format!("{a}.{}", "0".repeat(zeros + 1))
+        };
+        prop_assert_eq!(render(&a), render(&respelled), "{} and {}", a, respelled);
+        prop_assert_eq!(render(&a) == render(&b), a == b, "{} and {}", a, b);
+    }
 }

@@ -6,6 +6,7 @@ use super::rejection::{Reason, Rejection};
 use super::state::{self, StateError};
 use crate::store::global::{EXTERNAL_PREFIX, INTERNAL_PREFIX, PENDING_PREFIX};
 use crate::store::{GlobalMappings, StoreError, TaskStore};
+use crate::topology::template::canonical_number;
 use crate::topology::MapIds;
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -57,7 +58,7 @@ pub fn enrich(
     for spec in specs {
         let id = match doc.get(&spec.field) {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(Value::Number(n)) => n.to_string(),
+            Some(Value::Number(n)) => canonical_number(n),
             None | Some(Value::Null) | Some(Value::String(_)) => {
                 let detail = format!("map_ids: field `{}` is missing or empty", spec.field);
                 return Ok(Err(Rejection::new(Reason::MissingKeyField, detail)));
@@ -104,7 +105,7 @@ pub struct WriteBack {
 pub fn parse_write_back(doc: &Map<String, Value>) -> Result<WriteBack, Rejection> {
     let field = |name: &str| match doc.get(name) {
         Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(Value::Number(n)) => Ok(n.to_string()),
+        Some(Value::Number(n)) => Ok(canonical_number(n)),
         _ => Err(Rejection::new(
             Reason::MissingKeyField,
             format!("write-back: field `{name}` is missing or not a non-empty string"),
@@ -215,6 +216,21 @@ mod tests {
             pending[0].internal_id,
             "one internal id for both"
         );
+    }
+
+    #[test]
+    fn numbers_keep_their_exact_text_through_enrichment() {
+        let g = GlobalMappings::in_memory().expect("opens");
+        let text = r#"{"customer_id":123456789012345678901234567890,"amount":0.1000000000000000000001}"#;
+        let mut doc: Map<String, Value> = serde_json::from_str(text).expect("json");
+        let pending = enrich(&g, &[spec()], &mut doc).expect("reads").expect("ok");
+        assert_eq!(
+            pending[0].internal_id,
+            internal_id(&g, "crm", "123456789012345678901234567890").expect("reads")
+        );
+        let out = serde_json::to_string(&doc).expect("serializes");
+        assert!(out.contains(r#""customer_id":123456789012345678901234567890"#), "{out}");
+        assert!(out.contains(r#""amount":0.1000000000000000000001"#), "{out}");
     }
 
     #[test]

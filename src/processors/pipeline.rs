@@ -395,7 +395,6 @@ fn key_rejection(e: RenderError, what: &str) -> Rejection {
     let reason = match e {
         RenderError::Missing(_) | RenderError::Empty(_) => Reason::MissingKeyField,
         RenderError::NonScalar(_) => Reason::NonScalarKeyField,
-        RenderError::Inexact(..) => Reason::InexactKeyField,
     };
     Rejection::new(reason, format!("{what}: {e}"))
 }

@@ -15,8 +15,6 @@ pub enum Reason {
     MissingKeyField,
     /// A field of the key template is an object or array.
     NonScalarKeyField,
-    /// A number in a key field too large to be exact as JSON carries it (send it as a string).
-    InexactKeyField,
     /// No route matches the record's `event_type`.
     NoRoute,
     /// The `overwrite` version is not an integer.
@@ -33,13 +31,12 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for metrics initialisation and reports.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 10] = [
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::NotAnObject,
         Reason::MissingKeyField,
         Reason::NonScalarKeyField,
-        Reason::InexactKeyField,
         Reason::NoRoute,
         Reason::InvalidVersion,
         Reason::StateTooLarge,
@@ -55,7 +52,6 @@ impl Reason {
             Reason::NotAnObject => "not_an_object",
             Reason::MissingKeyField => "missing_key_field",
             Reason::NonScalarKeyField => "non_scalar_key_field",
-            Reason::InexactKeyField => "inexact_key_field",
             Reason::NoRoute => "no_route",
             Reason::InvalidVersion => "invalid_version",
             Reason::StateTooLarge => "state_too_large",

@@ -158,14 +158,15 @@ pub fn read_csv(
 }
 
 /// The key in one JSON document: a bare string, or `field` of an object (a string, or a
-/// number taken as its text). The error says what is wrong with the document.
+/// number in its canonical spelling). The error says what is wrong with the document.
 pub fn json_key(document: &[u8], field: &str) -> Result<String, String> {
     let value: serde_json::Value = serde_json::from_slice(document).map_err(|e| format!("not valid JSON: {e}"))?;
     let key = match value {
         serde_json::Value::String(s) => s,
         serde_json::Value::Object(mut map) => match map.remove(field) {
             Some(serde_json::Value::String(s)) => s,
-            Some(serde_json::Value::Number(n)) => n.to_string(),
+            // Spelled as tally spells numbers in keys, so `1299.0` here matches `1299` there.
+            Some(serde_json::Value::Number(n)) => crate::topology::template::canonical_number(&n),
             Some(other) => return Err(format!("field `{field}` is {}, not a string", json_type(&other))),
             None => return Err(format!("the object has no field `{field}`")),
         },

@@ -49,10 +49,6 @@ pub enum RenderError {
     /// The field is the empty string: every record with an empty id would share one key.
     #[error("field `{0}` is empty")]
     Empty(String),
-    /// A number JSON cannot carry exactly (beyond 2^53 as a float, or fractional beyond
-    /// what f64 keeps): distinct ids would collide.
-    #[error("field `{0}` is a number too large to be exact ({1}); send it as a string")]
-    Inexact(String, String),
 }
 
 impl FromStr for KeyTemplate {
@@ -198,7 +194,10 @@ fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Re
             out.push_str(s);
             Ok(())
         }
-        Some(Value::Number(n)) => append_number(out, n).map_err(|shown| RenderError::Inexact(path.join("."), shown)),
+        Some(Value::Number(n)) => {
+            out.push_str(&canonical_number(n));
+            Ok(())
+        }
         Some(Value::Bool(b)) => {
             out.push_str(if *b { "true" } else { "false" });
             Ok(())
@@ -207,32 +206,53 @@ fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Re
     }
 }
 
-/// Largest integer every f64 between -it and it represents exactly (2^53).
-const EXACT_F64: f64 = 9_007_199_254_740_992.0;
+/// Longest plain spelling of a number in a key; beyond it, the number is written `<digits>e<exp>`.
+const PLAIN_DIGITS: usize = 40;
 
-/// One number, one spelling: `1299`, `1299.0` and `1.299e3` all render `1299`; other floats
-/// render in Rust's shortest round-trip form. Integers beyond i64/u64 arrive as floats and are
-/// refused (returned as the text shown), as are floats beyond 2^53, since neighbours collide.
-fn append_number(out: &mut String, n: &serde_json::Number) -> Result<(), String> {
-    use std::fmt::Write as _;
-    if let Some(i) = n.as_i64() {
-        let _ = write!(out, "{i}");
-        return Ok(());
+/// One number, one spelling, exactly, however the JSON wrote it: `1299`, `1299.0`, `1299.00`
+/// and `1.299e3` are all `1299`, `12.50` is `12.5`, `-0` is `0`. JSON numbers are kept as their
+/// text (serde_json's `arbitrary_precision`), so integers of any size stay exact: no two
+/// distinct numbers share a spelling. Very large or small magnitudes are written
+/// `<significant digits>e<exponent>` instead of hundreds of zeros.
+pub fn canonical_number(n: &serde_json::Number) -> String {
+    let text = n.to_string();
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.as_str()),
+    };
+    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
+        Some((m, e)) => match e.trim_start_matches('+').parse::<i64>() {
+            Ok(e) => (m, e),
+            // An exponent beyond 64 bits: its own text keeps it apart from every other number.
+            Err(_) => return text,
+        },
+        None => (unsigned, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all: String = int.chars().chain(frac.chars()).collect();
+    let digits = all.trim_start_matches('0');
+    let significant = digits.trim_end_matches('0');
+    if significant.is_empty() {
+        return "0".to_string();
     }
-    if let Some(u) = n.as_u64() {
-        let _ = write!(out, "{u}");
-        return Ok(());
-    }
-    match n.as_f64() {
-        Some(f) if f.is_finite() && f.abs() < EXACT_F64 => {
-            if f.fract() == 0.0 {
-                let _ = write!(out, "{}", f as i64);
-            } else {
-                let _ = write!(out, "{f}");
-            }
-            Ok(())
+    // value = significant × 10^scale
+    let scale = exponent
+        .saturating_sub(frac.len() as i64)
+        .saturating_add((digits.len() - significant.len()) as i64);
+    let sign = if negative { "-" } else { "" };
+    let len = significant.len() as i64;
+    if scale >= 0 && len.saturating_add(scale) <= PLAIN_DIGITS as i64 {
+        format!("{sign}{significant}{}", "0".repeat(scale as usize))
+    } else if scale < 0 && scale >= -(PLAIN_DIGITS as i64) {
+        let point = len + scale;
+        if point > 0 {
+            let (whole, part) = significant.split_at(point as usize);
+            format!("{sign}{whole}.{part}")
+        } else {
+            format!("{sign}0.{}{significant}", "0".repeat((-point) as usize))
         }
-        _ => Err(n.to_string()),
+    } else {
+        format!("{sign}{significant}e{scale}")
     }
 }
 
@@ -302,17 +322,41 @@ mod tests {
     }
 
     #[test]
-    fn one_number_has_one_key_and_inexact_or_empty_values_are_refused() {
+    fn one_number_has_one_exact_key_however_it_is_spelled_and_empty_values_are_refused() {
         let t: KeyTemplate = "{id}".parse().expect("valid template");
-        for spelling in ["1299", "1299.0", "1299.00", "1.299e3"] {
+        let render = |spelling: &str| {
             let d: Map<String, Value> = serde_json::from_str(&format!(r#"{{"id": {spelling}}}"#)).expect("json");
-            assert_eq!(t.render(&d), Ok("1299".to_string()), "{spelling}");
+            t.render(&d).expect("renders")
+        };
+        let same = [
+            (
+                &["1299", "1299.0", "1299.00", "1.299e3", "12990e-1", "1.299E+3"][..],
+                "1299",
+            ),
+            (&["12.5", "12.50", "125e-1", "1.25e1"][..], "12.5"),
+            (&["-7", "-7.0", "-0.7e1"][..], "-7"),
+            (&["0", "-0", "0.000", "0e10"][..], "0"),
+            (&["0.005", "5e-3", "0.50e-2"][..], "0.005"),
+            (&["18446744073709551615"][..], "18446744073709551615"),
+            (
+                &["1e30", "1000000000000000000000000000000"][..],
+                "1000000000000000000000000000000",
+            ),
+            (&["1e300"][..], "1e300"),
+            (&["-25e-300", "-2.5e-299"][..], "-25e-300"),
+        ];
+        for (spellings, key) in same {
+            for s in spellings {
+                assert_eq!(render(s), key, "{s}");
+            }
         }
-        assert_eq!(t.render(&doc(json!({"id": 12.5}))), Ok("12.5".to_string()));
-        assert_eq!(t.render(&doc(json!({"id": -7}))), Ok("-7".to_string()));
-        assert_eq!(t.render(&doc(json!({"id": u64::MAX}))), Ok(u64::MAX.to_string()));
-        let big: Map<String, Value> = serde_json::from_str(r#"{"id": 123456789012345678901234567890}"#).expect("json");
-        assert!(matches!(t.render(&big), Err(RenderError::Inexact(..))));
+        // Beyond 64 bits and beyond f64's 53 bits of mantissa, neighbours stay apart.
+        assert_ne!(
+            render("123456789012345678901234567890"),
+            render("123456789012345678901234567891")
+        );
+        assert_ne!(render("9007199254740993"), render("9007199254740992"));
+        assert_ne!(render("0.1000000000000000000001"), render("0.1"));
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
     }
 }
