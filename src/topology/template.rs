@@ -4,7 +4,8 @@ use serde_json::{Map, Value};
 use std::fmt;
 use std::str::FromStr;
 
-/// A parsed template: literal text and `{field}` (or `{a.b}` nested) references.
+/// A parsed template: literal text and `{field}` (or `{a.b}` nested) references; `{field?}`
+/// accepts an empty string as the field's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyTemplate {
     source: String,
@@ -14,7 +15,11 @@ pub struct KeyTemplate {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
     Literal(String),
-    Field(Vec<String>),
+    /// A field reference; `empty_ok` when written `{field?}`: an empty string is a value.
+    Field {
+        path: Vec<String>,
+        empty_ok: bool,
+    },
 }
 
 /// Why a template text could not be parsed.
@@ -47,7 +52,7 @@ pub enum RenderError {
     #[error("field `{0}` is an object or array, not a string, number or boolean")]
     NonScalar(String),
     /// The field is the empty string: every record with an empty id would share one key.
-    #[error("field `{0}` is empty")]
+    #[error("field `{0}` is empty (write `{{{0}?}}` in the template if an empty value is a real value)")]
     Empty(String),
 }
 
@@ -79,14 +84,18 @@ impl FromStr for KeyTemplate {
                             None => return Err(TemplateError::Unclosed(i)),
                         }
                     }
-                    let path: Vec<String> = name.split('.').map(|s| s.trim().to_string()).collect();
+                    let (reference, empty_ok) = match name.trim_end().strip_suffix('?') {
+                        Some(r) => (r, true),
+                        None => (name.as_str(), false),
+                    };
+                    let path: Vec<String> = reference.split('.').map(|s| s.trim().to_string()).collect();
                     if path.iter().any(String::is_empty) {
                         return Err(TemplateError::EmptyField(name));
                     }
                     if !literal.is_empty() {
                         parts.push(Part::Literal(std::mem::take(&mut literal)));
                     }
-                    parts.push(Part::Field(path));
+                    parts.push(Part::Field { path, empty_ok });
                 }
                 other => literal.push(other),
             }
@@ -94,7 +103,7 @@ impl FromStr for KeyTemplate {
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
-        if !parts.iter().any(|p| matches!(p, Part::Field(_))) {
+        if !parts.iter().any(|p| matches!(p, Part::Field { .. })) {
             return Err(TemplateError::NoField);
         }
         Ok(Self {
@@ -115,7 +124,7 @@ impl KeyTemplate {
     /// `{order.id}`).
     pub fn roots(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
-            Part::Field(path) => path.first().map(String::as_str),
+            Part::Field { path, .. } => path.first().map(String::as_str),
             Part::Literal(_) => None,
         })
     }
@@ -128,9 +137,9 @@ impl KeyTemplate {
         for part in &self.parts {
             let (kind, content) = match part {
                 Part::Literal(literal) => ('l', literal.as_str()),
-                Part::Field(path) => {
+                Part::Field { path, empty_ok } => {
                     value.clear();
-                    append_scalar(&mut value, lookup(doc, path), path)?;
+                    append_scalar(&mut value, lookup(doc, path), path, *empty_ok)?;
                     ('f', value.as_str())
                 }
             };
@@ -154,7 +163,7 @@ impl KeyTemplate {
         for part in &self.parts {
             match part {
                 Part::Literal(text) => out.push_str(text),
-                Part::Field(path) => append_scalar(&mut out, lookup(doc, path), path)?,
+                Part::Field { path, empty_ok } => append_scalar(&mut out, lookup(doc, path), path, *empty_ok)?,
             }
         }
         Ok(out)
@@ -186,10 +195,10 @@ fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value>
         .try_fold(doc.get(first)?, |value, segment| value.get(segment))
 }
 
-fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String]) -> Result<(), RenderError> {
+fn append_scalar(out: &mut String, value: Option<&Value>, path: &[String], empty_ok: bool) -> Result<(), RenderError> {
     match value {
         None | Some(Value::Null) => Err(RenderError::Missing(path.join("."))),
-        Some(Value::String(s)) if s.is_empty() => Err(RenderError::Empty(path.join("."))),
+        Some(Value::String(s)) if s.is_empty() && !empty_ok => Err(RenderError::Empty(path.join("."))),
         Some(Value::String(s)) => {
             out.push_str(s);
             Ok(())
@@ -358,5 +367,25 @@ mod tests {
         assert_ne!(render("9007199254740993"), render("9007199254740992"));
         assert_ne!(render("0.1000000000000000000001"), render("0.1"));
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
+    }
+
+    #[test]
+    fn an_empty_field_is_a_value_only_where_the_template_says_so() {
+        let t: KeyTemplate = "{sku}:{batch?}".parse().expect("valid template");
+        assert_eq!(t.render(&doc(json!({"sku": "S", "batch": ""}))), Ok("S:".to_string()));
+        assert_eq!(
+            t.render(&doc(json!({"sku": "", "batch": "7"}))),
+            Err(RenderError::Empty("sku".into()))
+        );
+        assert_eq!(
+            t.render(&doc(json!({"sku": "S"}))),
+            Err(RenderError::Missing("batch".into())),
+            "absent is not empty"
+        );
+        let empty = t.render_key(&doc(json!({"sku": "S", "batch": ""}))).expect("renders");
+        let zero = t.render_key(&doc(json!({"sku": "S", "batch": "0"}))).expect("renders");
+        assert_ne!(empty.stored, zero.stored);
+        assert_eq!(t.roots().collect::<Vec<_>>(), ["sku", "batch"]);
+        assert_eq!("{?}".parse::<KeyTemplate>(), Err(TemplateError::EmptyField("?".into())));
     }
 }
