@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Loads and runs a topology file as `instance_id`, serving `/metrics` and health on
 /// `http_address` when given.
@@ -24,7 +25,18 @@ pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> 
     // Handlers are in place before "tally starting" is logged: a SIGTERM from then on is graceful.
     install_signal_handlers(&rt, shutdown.clone())?;
     tracing::info!(application_id = %topology.application_id, instance_id, bootstrap = %topology.kafka.bootstrap_servers, "tally starting");
-    let health = Arc::new(Health::new(topology.processing.threads, topology.id_mapping.is_some()));
+    // A stream thread silent for longer than the group allows between polls is stuck.
+    let stall_limit = topology
+        .kafka
+        .properties
+        .get("max.poll.interval.ms")
+        .and_then(|ms| ms.parse().ok())
+        .map_or(crate::engine::health::DEFAULT_STALL_LIMIT, Duration::from_millis);
+    let health = Arc::new(Health::with_stall_limit(
+        topology.processing.threads,
+        topology.id_mapping.is_some(),
+        stall_limit,
+    ));
     rt.block_on(async {
         let server = http_address.map(|addr| {
             let server = crate::http::serve(addr, metrics.clone(), health.clone(), shutdown.clone());

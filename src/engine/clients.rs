@@ -46,6 +46,10 @@ pub fn transactional_producer(t: &Topology, transactional_id: &str) -> ClientCon
     c.set("transactional.id", transactional_id)
         .set("client.id", transactional_id)
         .set("enable.idempotence", "true")
+        // librdkafka's producer asks the broker to create a topic it does not know; a changelog
+        // deleted while tally runs would come back without `cleanup.policy=compact`. Topics are
+        // created (compacted) at start, by the admin client only.
+        .set("allow.auto.create.topics", "false")
         .set_if_absent("transaction.timeout.ms", "60000")
         .set_if_absent("linger.ms", "5");
     c

@@ -1,7 +1,12 @@
 //! Liveness and readiness of an instance, as the HTTP endpoints report them.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A thread that has not turned its loop for this long is stuck: librdkafka's default
+/// `max.poll.interval.ms`, after which the group has already moved its partitions away.
+pub const DEFAULT_STALL_LIMIT: Duration = Duration::from_secs(300);
 
 /// Readiness inputs shared by the stream threads, the global reader and the HTTP server.
 #[derive(Debug, Default)]
@@ -12,17 +17,54 @@ pub struct Health {
     global_pending: AtomicBool,
     /// Why an engine thread ended before the instance was told to stop.
     failed: Mutex<Option<String>>,
+    /// When each stream thread last showed progress, in ms after `epoch` (0: not started).
+    beats: Vec<AtomicU64>,
+    epoch: Option<Instant>,
+    stall_limit: Duration,
 }
 
 impl Health {
     /// Health of an instance with `threads` stream threads and, when `global` is true, a global
     /// store that must load first.
     pub fn new(threads: usize, global: bool) -> Self {
+        Self::with_stall_limit(threads, global, DEFAULT_STALL_LIMIT)
+    }
+
+    /// Like [`Health::new`]; a stream thread that shows no progress for `stall_limit` makes the
+    /// instance not live.
+    pub fn with_stall_limit(threads: usize, global: bool, stall_limit: Duration) -> Self {
         Self {
             threads_expected: AtomicUsize::new(threads),
             global_pending: AtomicBool::new(global),
+            beats: (0..threads).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Some(Instant::now()),
+            stall_limit,
             ..Self::default()
         }
+    }
+
+    /// Stream thread `thread` is making progress (a turn of its poll loop, a restored batch).
+    pub fn beat(&self, thread: usize) {
+        if let (Some(b), Some(epoch)) = (self.beats.get(thread), self.epoch) {
+            // Never 0, which means "not started".
+            b.store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// The first stream thread that has shown no progress for longer than the stall limit.
+    fn stalled(&self) -> Option<String> {
+        let now = self.epoch?.elapsed().as_millis() as u64 + 1;
+        self.beats.iter().enumerate().find_map(|(i, b)| {
+            let last = b.load(Ordering::Relaxed);
+            let silent = Duration::from_millis(now.saturating_sub(last));
+            (last > 0 && silent > self.stall_limit).then(|| {
+                format!(
+                    "stream thread {i} has made no progress for {} s (limit {} s: `max.poll.interval.ms`)",
+                    silent.as_secs(),
+                    self.stall_limit.as_secs()
+                )
+            })
+        })
     }
 
     /// A stream thread got its first assignment (or left the group: `false`).
@@ -55,11 +97,12 @@ impl Health {
         }
     }
 
-    /// Why the instance is not live, if it is not.
+    /// Why the instance is not live, if it is not: an engine thread ended, or one is stuck.
     pub fn failure(&self) -> Option<String> {
         self.failed
             .lock()
             .map_or_else(|_| Some("health state poisoned".into()), |f| f.clone())
+            .or_else(|| self.stalled())
     }
 
     /// Ready: every stream thread is in the group, no task is restoring, the global store loaded.
@@ -105,5 +148,23 @@ mod tests {
             "the first cause is kept"
         );
         assert!(!h.is_ready());
+    }
+
+    #[test]
+    fn a_thread_without_progress_past_the_limit_ends_liveness_until_it_moves_again() {
+        let h = Health::with_stall_limit(2, false, Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(h.failure(), None, "threads that have not started yet are not stuck");
+        h.beat(0);
+        h.beat(1);
+        assert_eq!(h.failure(), None);
+        std::thread::sleep(Duration::from_millis(40));
+        h.beat(0);
+        std::thread::sleep(Duration::from_millis(40));
+        let stuck = h.failure().expect("thread 1 is stuck");
+        assert!(stuck.starts_with("stream thread 1 has made no progress"), "{stuck}");
+        h.beat(0);
+        h.beat(1);
+        assert_eq!(h.failure(), None, "liveness returns with progress");
     }
 }

@@ -33,6 +33,7 @@ pub fn restore(
     topic: &str,
     partition: i32,
     metrics: &Metrics,
+    progress: &dyn Fn(),
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let name = store.name(index).to_string();
@@ -61,6 +62,8 @@ pub fn restore(
         // whether it is reached (asking for the position per record costs more than the restore).
         let mut done = false;
         while !done {
+            // A long restore is progress, not a stuck thread.
+            progress();
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
                     done = m.offset() + 1 >= high;

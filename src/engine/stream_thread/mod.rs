@@ -153,6 +153,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
     let mut rejoin_at: Option<Instant> = None;
     let mut wait = POLL;
     while !cfg.shutdown.is_triggered() {
+        cfg.health.beat(cfg.index);
         let polled = consumer.poll(wait);
         let mut st = lock(ctx)?;
         if let Some(e) = st.failure.take() {
@@ -351,6 +352,7 @@ impl ThreadState {
                     changelog,
                     partition,
                     &self.cfg.metrics,
+                    &|| self.cfg.health.beat(self.cfg.index),
                 )
                 .with_context(|| format!("restoring task {}", layout.name))
                 .map_err(fatal)?;
