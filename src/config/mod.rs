@@ -90,8 +90,16 @@ mod tests {
             let found = problems(&topology(bad, "p", "", ""));
             assert!(found.iter().any(|p| p.contains("application_id")), "{bad}: {found:?}");
         }
-        let reserved = problems(&topology("app", "reconcile", "", ""));
-        assert!(reserved.iter().any(|p| p.contains("reserved")), "{reserved:?}");
+        for name in ["reconcile", "global-mappings", "global-mappings-3"] {
+            let reserved = problems(&topology("app", name, "", ""));
+            assert!(reserved.iter().any(|p| p.contains("reserved")), "{name}: {reserved:?}");
+        }
+        assert!(problems(&topology("app", "reconcile-orders", "", "")).is_empty());
+        let create = problems(&topology("app", "p", "", "allow.auto.create.topics: true"));
+        assert!(
+            create.iter().any(|p| p.contains("allow.auto.create.topics")),
+            "{create:?}"
+        );
         let member = problems(&topology("app", "p", "", "group.instance.id: x"));
         assert!(member.iter().any(|p| p.contains("group.instance.id")), "{member:?}");
     }

@@ -61,18 +61,23 @@ fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known:
     let name = required(c, p.name, Some(at), &format!("{label} needs a `name`"))
         .and_then(|n| kafka_name(c, &n, "pipelines.name"))
         .filter(|n| {
-            // Task directories and names are `<pipeline>-<partition>`, and the live reconciler's
-            // are `reconcile-<partition>`: a pipeline of that name would share them.
-            let reserved = n == "reconcile";
-            if reserved {
+            // Task directories and names are `<pipeline>-<partition>`, the live reconciler's
+            // are `reconcile-<partition>` and the ID-mapping store's `global-mappings-<instance>`:
+            // a pipeline of such a name would share them.
+            // (`global-mappings-<anything>` too: instance ids are free text.)
+            let reserved = [
+                ("reconcile", "the live reconciler's tasks"),
+                ("global-mappings", "the ID-mapping store"),
+            ]
+            .into_iter()
+            .find(|(r, _)| n == r || (*r == "global-mappings" && n.starts_with("global-mappings-")));
+            if let Some((r, what)) = reserved {
                 c.at_loc(
                     at,
-                    format!(
-                        "{label}: the name `reconcile` is reserved for the live reconciler's tasks; choose another"
-                    ),
+                    format!("{label}: the name `{n}` is reserved (`{r}` is {what}); choose another"),
                 );
             }
-            !reserved
+            reserved.is_none()
         });
     let from = required(
         c,

@@ -24,6 +24,8 @@ const RESERVED_PROPERTIES: &[&str] = &[
     "enable.idempotence",
     "partition.assignment.strategy",
     "group.instance.id",
+    // Forced off: a changelog deleted while tally runs must not come back uncompacted.
+    "allow.auto.create.topics",
 ];
 
 /// librdkafka's `transaction.timeout.ms` as tally sets it, unless `kafka.properties` does.
