@@ -39,7 +39,7 @@ fn world() -> World {
     let dir = tempfile::tempdir().expect("a temporary directory for the stores");
     let env = StoreEnv::new(8 << 20, 4 << 20);
     // Some known mappings, so `map_ids` takes its "found" path as well as pending-create.
-    let global = Arc::new(GlobalMappings::default());
+    let global = Arc::new(GlobalMappings::in_memory().expect("an in-memory ID-mapping store"));
     global.apply("ext/crm/C1", Some("11111111-1111-5111-8111-111111111111"));
     global.apply("int/11111111-1111-5111-8111-111111111111/erp", Some("ERP-1"));
     let mut stages = Vec::new();

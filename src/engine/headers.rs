@@ -114,4 +114,25 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn empty_names_and_values_read_back_and_a_name_keeps_what_precedes_a_nul() {
+        let h = add(OwnedHeaders::new(), b"", Some(b""));
+        let h = add(h, b"a\0b", Some(b"\0"));
+        let seen: Vec<RawHeader<'_>> = list(h.as_borrowed()).collect();
+        // librdkafka keeps names NUL-terminated: the one thing a name can lose.
+        assert_eq!(
+            seen,
+            vec![
+                RawHeader {
+                    name: b"",
+                    value: Some(b"")
+                },
+                RawHeader {
+                    name: b"a",
+                    value: Some(b"\0")
+                },
+            ]
+        );
+    }
 }
