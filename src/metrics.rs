@@ -34,6 +34,8 @@ pub struct Metrics {
     pub commit_latency: Histogram,
     /// Changelog records applied during restore, per store.
     pub restored_records: IntCounterVec,
+    /// Stores wiped and rebuilt from their changelog, per store and reason.
+    pub store_rebuilds: IntCounterVec,
     /// Changelog records still to restore, per store (0 when not restoring).
     pub restore_remaining: IntGaugeVec,
     /// Records between a task's consumer position and its partition's end, per topic and task.
@@ -125,6 +127,11 @@ impl Metrics {
             "restored_records_total",
             "Changelog records applied while restoring",
             &["store"],
+        )?;
+        let store_rebuilds = counter_vec(
+            "store_rebuilds_total",
+            "Task stores wiped and rebuilt from their changelog (corrupt database or offset, changelog deleted or recreated)",
+            &["store", "reason"],
         )?;
         let standby_records = counter_vec(
             "standby_records_total",
@@ -236,6 +243,7 @@ impl Metrics {
             redelivered_skipped,
             commit_latency,
             restored_records,
+            store_rebuilds,
             restore_remaining,
             consumer_lag,
             store_keys,

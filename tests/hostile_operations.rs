@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use std::time::Duration;
+use tally::demo::generator::GeneratedRecord;
 
 #[test]
 fn a_changelog_that_is_not_compacted_stops_tally_with_the_fix() {
@@ -24,4 +25,69 @@ fn a_changelog_that_is_not_compacted_stops_tally_with_the_fix() {
         log.contains(&changelog) && log.contains("cleanup.policy=compact"),
         "names the topic and the setting to change: {log}"
     );
+}
+
+fn payments(range: std::ops::Range<usize>) -> Vec<GeneratedRecord> {
+    range
+        .map(|i| GeneratedRecord {
+            key: format!("P-{i:04}").into_bytes(),
+            payload:
+                serde_json::json!({"event_type": "payment.paid", "payment_id": format!("P-{i:04}"), "status": "PAID"})
+                    .to_string()
+                    .into_bytes(),
+            headers: Vec::new(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_corrupt_task_store_is_moved_aside_rebuilt_from_its_changelog_and_counted() {
+    let names = Names::new("corrupt-store");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology_with(dir.path(), &names, 4096, false);
+    produce(&names.input, &payments(0..40));
+    let first = Tally::start(&topology, "i1", dir.path().join("first.log"));
+    assert_eq!(read_committed(&names.output, 40, Duration::from_secs(90)).len(), 40);
+    first.stop();
+
+    // Damage every task database the way a bad disk or a half-copied volume does.
+    let app_dir = dir.path().join("state").join(&names.app);
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(&app_dir).expect("state dir").flatten() {
+        let current = entry.path().join("CURRENT");
+        if current.exists() {
+            std::fs::write(&current, b"garbage without a newline").expect("damages");
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 2, "one database per task");
+
+    // The same 40 payments again (the rebuilt stores must know them) and 10 new ones.
+    produce(&names.input, &payments(0..50));
+    let addr = free_address();
+    let second = Tally::start_with_env(
+        &topology,
+        "i1",
+        dir.path().join("second.log"),
+        &[("TALLY_HTTP_ADDRESS", addr.clone())],
+    );
+    read_committed(&names.output, 50, Duration::from_secs(90));
+    let metrics = http_get(&addr, "/metrics").map(|(_, body)| body).unwrap_or_default();
+    second.stop();
+    let out = read_committed(&names.output, 50, Duration::from_secs(20));
+    let keys: std::collections::BTreeSet<String> = out.iter().map(business_key).collect();
+    assert_eq!((out.len(), keys.len()), (50, 50), "nothing lost, nothing doubled");
+    let rebuilds: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("tally_store_rebuilds_total{") && l.contains(r#"reason="corrupt_database""#))
+        .collect();
+    assert_eq!(rebuilds.len(), 1, "counted per store: {metrics}");
+    assert!(rebuilds[0].ends_with(" 2"), "both tasks' stores: {}", rebuilds[0]);
+    let aside = std::fs::read_dir(&app_dir)
+        .expect("state dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .count();
+    assert_eq!(aside, 2, "the damaged databases are kept for a look, not deleted");
 }

@@ -41,7 +41,11 @@ pub fn restore(
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, Duration::from_secs(15))
         .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
-    let (from_offset, wiped) = resume_point(store, index, partition, low, high)?;
+    let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
+    if let Some(r) = rebuilt {
+        r.count(metrics, &name);
+    }
+    let wiped = rebuilt.is_some();
     let mut restored = 0u64;
     // Per partition: tasks of one store restoring at once (several threads) each have their own.
     let remaining = metrics
@@ -120,24 +124,64 @@ pub fn restore(
     Ok(report)
 }
 
+/// Why a store was wiped and rebuilt from its changelog (the `reason` of
+/// `tally_store_rebuilds_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebuild {
+    /// RocksDB reported the task database corrupt; it was moved aside.
+    CorruptDatabase,
+    /// The store held data but no changelog offset.
+    OffsetMissing,
+    /// The recorded changelog offset could not be read.
+    OffsetCorrupt,
+    /// The store had read past the changelog's end (the topic was created again).
+    PastChangelogEnd,
+    /// Changelog records the store still needed were deleted.
+    RecordsDeleted,
+}
+
+impl Rebuild {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rebuild::CorruptDatabase => "corrupt_database",
+            Rebuild::OffsetMissing => "offset_missing",
+            Rebuild::OffsetCorrupt => "offset_corrupt",
+            Rebuild::PastChangelogEnd => "past_changelog_end",
+            Rebuild::RecordsDeleted => "records_deleted",
+        }
+    }
+
+    /// Counts the rebuild of `store`.
+    pub fn count(self, metrics: &Metrics, store: &str) {
+        metrics.store_rebuilds.with_label_values(&[store, self.as_str()]).inc();
+    }
+}
+
 /// Where to resume reading store `index`'s changelog, which holds offsets `low` to `high`, and
 /// whether the store was wiped first: a store with data but no offset is corrupt, one that needs
 /// records retention deleted cannot be patched, and one that has read past the changelog's end
 /// read a changelog since deleted and created again; all are rebuilt from what it holds.
-pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i64, high: i64) -> Result<(i64, bool)> {
+pub fn resume_point(
+    store: &mut TaskStore,
+    index: usize,
+    partition: i32,
+    low: i64,
+    high: i64,
+) -> Result<(i64, Option<Rebuild>)> {
     let name = store.name(index).to_string();
     let (from_offset, wiped) = match store.changelog_offset(index) {
-        Ok(Some(o)) => (o + 1, false),
+        Ok(Some(o)) => (o + 1, None),
         Ok(None) if store.has_data(index)? => {
             tracing::warn!(store = %name, partition, "store has data but no changelog offset: wiping it for a full restore");
             store.wipe(index)?;
-            (0, true)
+            (0, Some(Rebuild::OffsetMissing))
         }
-        Ok(None) => (0, false),
+        Ok(None) => (0, None),
         Err(StoreError::CorruptOffset(..)) => {
             tracing::warn!(store = %name, partition, "store's changelog offset is corrupt: wiping it for a full restore");
             store.wipe(index)?;
-            (0, true)
+            (0, Some(Rebuild::OffsetCorrupt))
         }
         Err(e) => return Err(e.into()),
     };
@@ -151,7 +195,7 @@ pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i6
              wiping it and restoring from what the changelog holds"
         );
         store.wipe(index)?;
-        return Ok((low, true));
+        return Ok((low, Some(Rebuild::PastChangelogEnd)));
     }
     if from_offset > 0 && low > from_offset {
         tracing::warn!(
@@ -162,7 +206,7 @@ pub fn resume_point(store: &mut TaskStore, index: usize, partition: i32, low: i6
             "changelog records the store needs were deleted; wiping it and restoring fully"
         );
         store.wipe(index)?;
-        return Ok((low, true));
+        return Ok((low, Some(Rebuild::RecordsDeleted)));
     }
     Ok((from_offset.max(low), wiped))
 }

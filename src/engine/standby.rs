@@ -5,7 +5,7 @@
 use super::clients;
 use super::layout::TaskLayout;
 use super::membership::GroupView;
-use super::restore::resume_point;
+use super::restore::{resume_point, Rebuild};
 use super::Shutdown;
 use crate::metrics::Metrics;
 use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
@@ -197,12 +197,17 @@ fn refresh(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) -> Res
 
 /// Opens a standby store and makes each of its stores resumable from its recorded offset.
 fn open(cfg: &StandbyConfig, layout: &TaskLayout, partition: i32, consumer: &BaseConsumer) -> Result<TaskStore> {
-    let mut store = TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &cfg.store_env)?;
+    let (mut store, rebuilt) = TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &cfg.store_env)?;
     for (i, changelog) in layout.changelogs.iter().enumerate() {
+        if rebuilt {
+            Rebuild::CorruptDatabase.count(&cfg.metrics, &layout.stores[i]);
+        }
         let (low, high) = consumer
             .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
             .with_context(|| format!("reading the start and end of `{changelog}`"))?;
-        resume_point(&mut store, i, partition, low, high)?;
+        if let (_, Some(r)) = resume_point(&mut store, i, partition, low, high)? {
+            r.count(&cfg.metrics, &layout.stores[i]);
+        }
     }
     Ok(store)
 }

@@ -138,14 +138,15 @@ impl TaskStore {
     /// stale-directory cleaner removes it) and an empty
     /// one opened in its place, which the restore fills from the changelog, as Kafka Streams
     /// does with a corrupted task. Without this the task would fail to open on every attempt.
-    pub fn open_or_rebuild(dir: &Path, names: &[String], env: &StoreEnv) -> Result<Self, StoreError> {
+    /// Returns the store and whether it was moved aside.
+    pub fn open_or_rebuild(dir: &Path, names: &[String], env: &StoreEnv) -> Result<(Self, bool), StoreError> {
         match Self::open(dir, names, env) {
             Err(StoreError::Rocks { source, .. }) if source.kind() == rocksdb::ErrorKind::Corruption => {
                 let aside = move_aside(dir, &source)?;
                 tracing::error!(moved_to = %aside.display(), "rebuilding the task store from its changelog");
-                Self::open(dir, names, env)
+                Ok((Self::open(dir, names, env)?, true))
             }
-            other => other,
+            other => Ok((other?, false)),
         }
     }
 
@@ -462,7 +463,9 @@ mod tests {
             TaskStore::open(&dir, &["dedup".to_string()], &StoreEnv::default()),
             Err(StoreError::Rocks { .. })
         ));
-        let s = TaskStore::open_or_rebuild(&dir, &["dedup".to_string()], &StoreEnv::default()).expect("rebuilt");
+        let (s, rebuilt) =
+            TaskStore::open_or_rebuild(&dir, &["dedup".to_string()], &StoreEnv::default()).expect("rebuilt");
+        assert!(rebuilt);
         assert!(!s.has_data(0).expect("reads"), "empty, for a full restore");
         assert_eq!(s.changelog_offset(0).expect("reads"), None);
         let aside: Vec<_> = std::fs::read_dir(parent.path())
@@ -484,7 +487,11 @@ mod tests {
         s.db.put_cf(meta, offset_key("dedup"), b"bad").expect("writes");
         assert!(matches!(s.changelog_offset(0), Err(StoreError::CorruptOffset(..))));
         let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 100).expect("resumes");
-        assert_eq!(resumed, (0, true), "wiped and read from the changelog's start");
+        assert_eq!(
+            resumed,
+            (0, Some(crate::engine::restore::Rebuild::OffsetCorrupt)),
+            "wiped and read from the changelog's start"
+        );
         assert!(!s.has_data(0).expect("reads"));
     }
 
@@ -496,11 +503,11 @@ mod tests {
         s.take_changes();
         s.commit(&[(0, 500)]).expect("commits");
         let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 501).expect("resumes");
-        assert_eq!(resumed, (501, false), "caught up: nothing to read");
+        assert_eq!(resumed, (501, None), "caught up: nothing to read");
         let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 40).expect("resumes");
         assert_eq!(
             resumed,
-            (0, true),
+            (0, Some(crate::engine::restore::Rebuild::PastChangelogEnd)),
             "a changelog created again: wiped, read from its start"
         );
         assert!(!s.has_data(0).expect("reads"));

@@ -11,7 +11,7 @@ use super::group_watch::RejoinRequests;
 use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
-use super::restore;
+use super::restore::{self, Rebuild};
 use super::task::{PipelineTask, Sinks, Task, Work};
 use super::txn::{Phase, Txn};
 use super::Shutdown;
@@ -420,7 +420,14 @@ impl ThreadState {
                 return Ok(store);
             }
             match TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &self.cfg.store_env) {
-                Ok(store) => return Ok(store),
+                Ok((store, rebuilt)) => {
+                    if rebuilt {
+                        for name in &layout.stores {
+                            Rebuild::CorruptDatabase.count(&self.cfg.metrics, name);
+                        }
+                    }
+                    return Ok(store);
+                }
                 Err(StoreError::Lock(LockError::Held(_))) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(100));
                 }
