@@ -1,6 +1,6 @@
 //! The fault schedule: three tally instances (static membership, a state directory each) that
-//! are SIGKILLed, bounced, scaled 3 → 1 → 3 and robbed of their state, and a broker that is
-//! stopped (SIGTERM) or killed (SIGKILL) and started again with its data.
+//! are SIGKILLed, bounced, scaled 3 → 1 → 3, robbed of their state and frozen into zombies, and
+//! a broker that is stopped (SIGTERM) or killed (SIGKILL) and started again with its data.
 
 use crate::common::{bootstrap, http_get, Tally};
 use rand::rngs::StdRng;
@@ -24,7 +24,14 @@ pub enum Fault {
     /// SIGKILL a random instance, delete its state directory, restart it: it must rebuild
     /// its stores from the changelogs.
     LoseState,
+    /// SIGSTOP a random instance past its session timeout, so the group gives its partitions
+    /// to the others, then SIGCONT it: a zombie with an open transaction, which Kafka must fence
+    /// (KIP-447: its offsets carry a stale generation) and which must write nothing twice.
+    Freeze,
 }
+
+/// How long a frozen instance stays stopped: past the chaos topology's 6 s session timeout.
+const FROZEN_FOR: Duration = Duration::from_secs(10);
 
 /// How many of each fault; the order comes from the seed.
 pub struct Plan {
@@ -36,6 +43,8 @@ pub struct Plan {
     pub broker_restarts: u64,
     /// Instances that lose their state directory.
     pub state_losses: u64,
+    /// Instances frozen (SIGSTOP) past their session timeout and then resumed.
+    pub freezes: u64,
 }
 
 impl Plan {
@@ -46,6 +55,7 @@ impl Plan {
             .chain(std::iter::repeat_n(Fault::Scale, self.scales as usize))
             .chain((0..self.broker_restarts).map(|i| Fault::BrokerRestart { sigkill: i % 2 == 0 }))
             .chain(std::iter::repeat_n(Fault::LoseState, self.state_losses as usize))
+            .chain(std::iter::repeat_n(Fault::Freeze, self.freezes as usize))
             .collect();
         rest.shuffle(rng);
         let first = (self.kills > 0).then_some(Fault::Kill);
@@ -167,6 +177,18 @@ impl Cluster {
                 std::fs::remove_dir_all(&state).unwrap_or_else(|e| panic!("deleting {}: {e}", state.display()));
                 self.launch(i);
                 format!("SIGKILL {} and delete its state directory", IDS[i])
+            }
+            Fault::Freeze => {
+                let i = rng.random_range(0..IDS.len());
+                match &self.running[i] {
+                    Some(t) => {
+                        t.signal("STOP");
+                        std::thread::sleep(FROZEN_FOR);
+                        t.signal("CONT");
+                        format!("SIGSTOP {} for {} s, then SIGCONT", IDS[i], FROZEN_FOR.as_secs())
+                    }
+                    None => format!("{} not running: nothing to freeze", IDS[i]),
+                }
             }
             Fault::Scale => {
                 for i in 1..IDS.len() {

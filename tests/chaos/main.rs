@@ -46,6 +46,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
         scales: env_or("TALLY_CHAOS_SCALES", 1),
         broker_restarts: env_or("TALLY_CHAOS_BROKER_RESTARTS", 1),
         state_losses: env_or("TALLY_CHAOS_STATE_LOSSES", 1),
+        freezes: env_or("TALLY_CHAOS_FREEZES", 1),
     };
     if plan.broker_restarts > 0 {
         faults::assert_broker_is_ours();
@@ -136,7 +137,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     let count = |f: Fault| schedule.iter().filter(|g| **g == f).count();
     let verdict = format!(
         "chaos verdict: {} — {} business events in {records} records | {} | faults: kills {}, scale cycles {}, \
-         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, seed {seed} | reconciler: {open} open over \
+         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, zombies {}, seed {seed} | reconciler: {open} open over \
          {reporting} tasks, {alerts} alerts | {:.0}s",
         if report.passed() { "PASS" } else { "FAIL" },
         report.business_events(),
@@ -147,6 +148,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
         count(Fault::BrokerRestart { sigkill: false }),
         count(Fault::BrokerRestart { sigkill: true }),
         count(Fault::LoseState),
+        count(Fault::Freeze),
         started.elapsed().as_secs_f64()
     );
     println!("{verdict}");

@@ -429,6 +429,16 @@ impl Tally {
         &self.log
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, …) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} {}", self.child.id());
+    }
+
     /// The JSON log lines written so far.
     pub fn lines(&self) -> Vec<serde_json::Value> {
         log_lines(&self.log)
