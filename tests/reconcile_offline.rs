@@ -256,24 +256,30 @@ trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
     // duplicate output), and a DUPLICATE completion, which is no output and must not count.
     let node = format!("{}/payments", names.app);
     let doubled = gen.expected_keys[7].clone();
-    let trace = |key: &str, outcome: Option<&str>| GeneratedRecord {
+    let traced = |key: &str, status: &str, outcome: Option<&str>| GeneratedRecord {
         key: b"injected/0/0".to_vec(),
         payload: serde_json::json!({
             "format": "tally.trace/v1", "event_id": "injected/0/0", "idempotency_key": key,
-            "correlation_id": "test", "node": node, "status": "COMPLETED", "outcome": outcome,
+            "correlation_id": "test", "node": node, "status": status, "outcome": outcome,
             "timestamp_ms": 1,
         })
         .to_string()
         .into_bytes(),
         headers: vec![],
     };
+    let trace = |key: &str, outcome: Option<&str>| traced(key, "COMPLETED", outcome);
     let phantom = "PAY-PHANTOM-2:PAID".to_string();
+    // Sent, and only ever dropped as stale or dead-lettered: settled without an output, which
+    // a diff must not call missing.
+    let (stale, dead) = ("PAY-STALE-1:PAID".to_string(), "PAY-DLQ-1:PAID".to_string());
     produce(
         &names.trace,
         &[
             trace(&phantom, None),
             trace(&doubled, Some("PENDING_CREATE")),
             trace(&gen.expected_keys[8], Some("DUPLICATE")),
+            trace(&stale, Some("STALE")),
+            traced(&dead, "FAILED", Some("DEAD_LETTER")),
         ],
     );
 
@@ -281,6 +287,7 @@ trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
     let sent: Vec<GeneratedRecord> = gen
         .expected_keys
         .iter()
+        .chain([&stale, &dead])
         .enumerate()
         .map(|(i, k)| {
             if i % 2 == 0 {
@@ -317,10 +324,13 @@ trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
             format!("missing {removed} 0"),
             format!("ghost {phantom} 1"),
             format!("duplicate {doubled} 2"),
+            format!("dead_lettered {dead} 0"),
         ])
     );
+    assert_eq!(summary["dropped"], 1, "the stale one is accounted for, not missing");
+    assert_eq!(summary["missing"], 1);
     let n = gen.expected_keys.len() as u64;
-    assert_eq!(summary["sent_records"], n);
+    assert_eq!(summary["sent_records"], n + 2);
     assert_eq!(
         summary["processed_records"],
         n + 1,

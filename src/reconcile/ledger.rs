@@ -1,6 +1,7 @@
 //! Per-key counts (times sent, times processed) in a temporary RocksDB, so reconciling millions
 //! of keys costs disk rather than memory; one ordered scan then yields each key's verdict.
 
+use super::records::Settlement;
 use anyhow::{Context, Result};
 use rocksdb::{BlockBasedOptions, Cache, MergeOperands, Options, WriteBatch, WriteOptions, DB};
 use std::path::Path;
@@ -13,13 +14,17 @@ const MAX_WRITE_BUFFERS: i32 = 2;
 /// Block cache for the scan, index and filter blocks included.
 const CACHE_BYTES: usize = 16 << 20;
 
-/// How often a key was sent and processed.
+/// How often a key was sent, processed, and settled without an output.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
     /// Times upstream listed it as sent.
     pub sent: u64,
     /// Times it was processed (emitted).
     pub processed: u64,
+    /// Times tally dropped it by its rules (a duplicate, a stale version).
+    pub dropped: u64,
+    /// Times it was dead-lettered.
+    pub dead_lettered: u64,
 }
 
 /// What a key's counts say.
@@ -27,8 +32,12 @@ pub struct Counts {
 pub enum Verdict {
     /// Sent and processed once.
     Reconciled,
-    /// Sent, never processed.
+    /// Sent, never processed, never settled: lost.
     Missing,
+    /// Sent, never emitted, dropped by the rules (a duplicate or a stale version): correct.
+    Dropped,
+    /// Sent, never emitted, dead-lettered: known and recoverable, not lost.
+    DeadLettered,
     /// Processed, never sent.
     Ghost,
     /// Sent, processed more than once.
@@ -37,20 +46,29 @@ pub enum Verdict {
 
 impl Counts {
     /// The verdict on a key with these counts. A key processed twice but never sent is a ghost
-    /// (its count says how often), not also a duplicate.
+    /// (its count says how often), not also a duplicate; one only settled and never sent is
+    /// nothing to report (outside the sent period, say). An output outweighs a dead letter: the
+    /// event came through after all.
     pub fn verdict(self) -> Verdict {
         match (self.sent, self.processed) {
+            (0, 0) => Verdict::Reconciled,
             (0, _) => Verdict::Ghost,
+            (_, 0) if self.dead_lettered > 0 => Verdict::DeadLettered,
+            (_, 0) if self.dropped > 0 => Verdict::Dropped,
             (_, 0) => Verdict::Missing,
             (_, 1) => Verdict::Reconciled,
             _ => Verdict::Duplicate,
         }
     }
 
-    fn encode(self) -> [u8; 16] {
-        let mut out = [0; 16];
-        out[..8].copy_from_slice(&self.sent.to_le_bytes());
-        out[8..].copy_from_slice(&self.processed.to_le_bytes());
+    fn encode(self) -> [u8; 32] {
+        let mut out = [0; 32];
+        for (i, n) in [self.sent, self.processed, self.dropped, self.dead_lettered]
+            .into_iter()
+            .enumerate()
+        {
+            out[i * 8..(i + 1) * 8].copy_from_slice(&n.to_le_bytes());
+        }
         out
     }
 
@@ -66,6 +84,8 @@ impl Counts {
         Self {
             sent: half(0..8),
             processed: half(8..16),
+            dropped: half(16..24),
+            dead_lettered: half(24..32),
         }
     }
 
@@ -73,6 +93,8 @@ impl Counts {
         Self {
             sent: self.sent.saturating_add(other.sent),
             processed: self.processed.saturating_add(other.processed),
+            dropped: self.dropped.saturating_add(other.dropped),
+            dead_lettered: self.dead_lettered.saturating_add(other.dead_lettered),
         }
     }
 }
@@ -134,12 +156,39 @@ impl Ledger {
 
     /// Counts one sending of `key`.
     pub fn sent(&mut self, key: &[u8]) -> Result<()> {
-        self.add(key, Counts { sent: 1, processed: 0 })
+        self.add(
+            key,
+            Counts {
+                sent: 1,
+                ..Counts::default()
+            },
+        )
     }
 
     /// Counts one processing of `key`.
     pub fn processed(&mut self, key: &[u8]) -> Result<()> {
-        self.add(key, Counts { sent: 0, processed: 1 })
+        self.add(
+            key,
+            Counts {
+                processed: 1,
+                ..Counts::default()
+            },
+        )
+    }
+
+    /// Counts one settling of `key` without an output.
+    pub fn settled(&mut self, key: &[u8], how: Settlement) -> Result<()> {
+        let counts = match how {
+            Settlement::Dropped => Counts {
+                dropped: 1,
+                ..Counts::default()
+            },
+            Settlement::DeadLettered => Counts {
+                dead_lettered: 1,
+                ..Counts::default()
+            },
+        };
+        self.add(key, counts)
     }
 
     fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
@@ -189,7 +238,11 @@ mod tests {
     }
 
     fn counts(sent: u64, processed: u64) -> Counts {
-        Counts { sent, processed }
+        Counts {
+            sent,
+            processed,
+            ..Counts::default()
+        }
     }
 
     #[test]
@@ -219,6 +272,31 @@ mod tests {
                 Verdict::Ghost
             ]
         );
+    }
+
+    #[test]
+    fn a_key_settled_without_an_output_is_dropped_or_dead_lettered_never_missing() {
+        let mut ledger = Ledger::create(None).expect("ledger");
+        for k in ["stale", "dup", "dlq", "late", "lost"] {
+            ledger.sent(k.as_bytes()).expect("sent");
+        }
+        ledger.settled(b"stale", Settlement::Dropped).expect("settled");
+        ledger.settled(b"dup", Settlement::Dropped).expect("settled");
+        ledger.settled(b"dlq", Settlement::DeadLettered).expect("settled");
+        ledger.settled(b"late", Settlement::DeadLettered).expect("settled");
+        ledger.processed(b"late").expect("processed");
+        ledger.settled(b"unsent", Settlement::Dropped).expect("settled");
+        let verdicts: Vec<(String, Verdict)> = scan(&mut ledger).into_iter().map(|(k, c)| (k, c.verdict())).collect();
+        let expected = [
+            ("dlq", Verdict::DeadLettered),
+            ("dup", Verdict::Dropped),
+            ("late", Verdict::Reconciled),
+            ("lost", Verdict::Missing),
+            ("stale", Verdict::Dropped),
+            ("unsent", Verdict::Reconciled),
+        ]
+        .map(|(k, v)| (k.to_string(), v));
+        assert_eq!(verdicts, expected);
     }
 
     #[test]

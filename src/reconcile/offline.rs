@@ -123,7 +123,8 @@ pub fn run(opts: &Options) -> Result<Findings> {
 
 /// Why a reconciliation fails, one phrase per reason; empty when it passes. Missing keys fail,
 /// and so do unreadable sent records (each could hide a missing key); with `strict` ghosts,
-/// duplicates and unreadable processed records fail too.
+/// duplicates, dead-lettered keys and unreadable processed records fail too. Keys dropped by the
+/// rules (duplicates, stale versions) never fail: that is tally doing its job.
 pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
     let mut out = Vec::new();
     let mut fail = |n: u64, what: &str| {
@@ -136,6 +137,7 @@ pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
     if strict {
         fail(s.ghost, "ghost");
         fail(s.duplicate, "duplicate");
+        fail(s.dead_lettered, "dead-lettered");
         fail(s.unreadable_processed, "unreadable processed");
     }
     out
@@ -194,6 +196,7 @@ fn count(
                 ledger.processed(key.as_bytes())
             }
         },
+        Keyed::Settled(key, how) => ledger.settled(key.as_bytes(), how),
         Keyed::Skipped => {
             report.summary().skipped += 1;
             Ok(())

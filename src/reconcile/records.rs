@@ -10,11 +10,23 @@ use serde::Deserialize;
 pub enum Keyed<'a> {
     /// It counts for this idempotency key.
     Key(std::borrow::Cow<'a, str>),
+    /// A trace record of an event tally settled without an output: dropped by its rules or
+    /// dead-lettered. The key is accounted for, not missing.
+    Settled(std::borrow::Cow<'a, str>, Settlement),
     /// It is not one of the records counted (a trace record that is not an output, another
     /// format, another node); counted as skipped.
     Skipped,
     /// It should count but carries no usable key; the sentence says why.
     Unreadable(String),
+}
+
+/// How tally settled an event that has no output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// Dropped by the rules: a duplicate of an event already processed, or a stale version.
+    Dropped,
+    /// Sent to the dead-letter topic.
+    DeadLettered,
 }
 
 /// A sent record: the key in its idempotency-key header when present, else in `field` of its
@@ -57,8 +69,9 @@ struct TraceFields {
 }
 
 /// A trace record: it counts when it says an event was emitted, `COMPLETED` with no outcome or
-/// with `PENDING_CREATE`; duplicates and stale versions complete without an output. With `node`,
-/// only that node's records count. Records of other formats are skipped, as the format says.
+/// with `PENDING_CREATE`; `COMPLETED` with another outcome (a duplicate, a stale version) and
+/// `FAILED` (dead-lettered) settle the key without an output. With `node`, only that node's
+/// records count. Records of other formats, and other statuses, are skipped.
 pub fn trace(payload: Option<&[u8]>, node: Option<&str>) -> Keyed<'static> {
     let Some(payload) = payload else {
         return Keyed::Unreadable("a trace record without a value".to_string());
@@ -73,14 +86,19 @@ pub fn trace(payload: Option<&[u8]>, node: Option<&str>) -> Keyed<'static> {
     if node.is_some_and(|n| fields.node.as_deref() != Some(n)) {
         return Keyed::Skipped;
     }
-    let emitted = fields.status.as_deref() == Some("COMPLETED")
-        && matches!(fields.outcome.as_deref(), None | Some("PENDING_CREATE"));
-    if !emitted {
-        return Keyed::Skipped;
-    }
-    match fields.idempotency_key {
-        Some(key) if !key.is_empty() => Keyed::Key(key.into()),
-        _ => Keyed::Unreadable("a COMPLETED trace record without an idempotency_key".to_string()),
+    let settled = match (fields.status.as_deref(), fields.outcome.as_deref()) {
+        (Some("COMPLETED"), None | Some("PENDING_CREATE")) => None,
+        (Some("COMPLETED"), Some("DEAD_LETTER")) | (Some("FAILED"), _) => Some(Settlement::DeadLettered),
+        (Some("COMPLETED"), Some(_)) => Some(Settlement::Dropped),
+        _ => return Keyed::Skipped,
+    };
+    match (fields.idempotency_key, settled) {
+        (Some(key), None) if !key.is_empty() => Keyed::Key(key.into()),
+        (Some(key), Some(how)) if !key.is_empty() => Keyed::Settled(key.into(), how),
+        (_, None) => Keyed::Unreadable("a COMPLETED trace record without an idempotency_key".to_string()),
+        // A record dead-lettered before it had a key (invalid JSON, a missing key field) names
+        // no key to settle; the dead-letter topic holds it.
+        (_, Some(_)) => Keyed::Skipped,
     }
 }
 
@@ -130,22 +148,28 @@ mod tests {
     }
 
     #[test]
-    fn only_emitting_completions_count_as_outputs() {
+    fn emitting_completions_count_as_outputs_and_drops_and_dead_letters_settle_their_key() {
         assert_eq!(trace_of("COMPLETED", None, Some("K"), None), key("K"));
         assert_eq!(trace_of("COMPLETED", Some("PENDING_CREATE"), Some("K"), None), key("K"));
-        for (status, outcome) in [
-            ("COMPLETED", Some("DUPLICATE")),
-            ("COMPLETED", Some("STALE")),
-            ("FAILED", Some("DEAD_LETTER")),
-            ("RECEIVED", None),
-            ("PROCESSING", None),
+        let settled = |how| Keyed::Settled("K".into(), how);
+        for (status, outcome, expected) in [
+            ("COMPLETED", Some("DUPLICATE"), settled(Settlement::Dropped)),
+            ("COMPLETED", Some("STALE"), settled(Settlement::Dropped)),
+            ("FAILED", Some("DEAD_LETTER"), settled(Settlement::DeadLettered)),
+            ("RECEIVED", None, Keyed::Skipped),
+            ("PROCESSING", None, Keyed::Skipped),
         ] {
             assert_eq!(
                 trace_of(status, outcome, Some("K"), None),
-                Keyed::Skipped,
+                expected,
                 "{status}/{outcome:?}"
             );
         }
+        assert_eq!(
+            trace_of("FAILED", Some("DEAD_LETTER"), None, None),
+            Keyed::Skipped,
+            "a record dead-lettered before it had a key names none"
+        );
     }
 
     #[test]

@@ -50,12 +50,20 @@ pub enum Kind {
     Ghost,
     /// Sent, processed more than once.
     Duplicate,
+    /// Sent, dead-lettered, never emitted.
+    DeadLettered,
     /// A record without a usable key.
     Unreadable,
 }
 
 impl Kind {
-    const ALL: [Kind; 4] = [Kind::Missing, Kind::Ghost, Kind::Duplicate, Kind::Unreadable];
+    const ALL: [Kind; 5] = [
+        Kind::Missing,
+        Kind::Ghost,
+        Kind::Duplicate,
+        Kind::DeadLettered,
+        Kind::Unreadable,
+    ];
 
     /// The name used in reports.
     pub fn as_str(self) -> &'static str {
@@ -63,6 +71,7 @@ impl Kind {
             Kind::Missing => "missing",
             Kind::Ghost => "ghost",
             Kind::Duplicate => "duplicate",
+            Kind::DeadLettered => "dead_lettered",
             Kind::Unreadable => "unreadable",
         }
     }
@@ -92,6 +101,11 @@ pub struct Summary {
     pub ghost: u64,
     /// Keys sent and processed more than once.
     pub duplicate: u64,
+    /// Keys sent and never emitted because tally dropped them by its rules (duplicates of
+    /// events already processed, stale versions): correct, not missing.
+    pub dropped: u64,
+    /// Keys sent, never emitted, dead-lettered: in the dead-letter topic, not missing.
+    pub dead_lettered: u64,
     /// Sent records without a usable key.
     pub unreadable_sent: u64,
     /// Processed records without a usable key.
@@ -104,7 +118,7 @@ pub struct Findings {
     /// The counts.
     pub summary: Summary,
     /// Up to the example limit per kind, indexed by `Kind`, as display lines.
-    examples: [Vec<String>; 4],
+    examples: [Vec<String>; 5],
 }
 
 impl Findings {
@@ -119,6 +133,7 @@ impl Findings {
             Kind::Missing => s.missing,
             Kind::Ghost => s.ghost,
             Kind::Duplicate => s.duplicate,
+            Kind::DeadLettered => s.dead_lettered,
             Kind::Unreadable => s.unreadable_sent + s.unreadable_processed,
         }
     }
@@ -141,11 +156,19 @@ impl Findings {
             let _ = write!(out, " ({} records not counted: not outputs)", s.skipped);
         }
         out.push('\n');
+        if s.dropped > 0 {
+            let _ = writeln!(
+                out,
+                "{:<10} {:>10}  sent, dropped by the rules (duplicates, stale versions): not an anomaly",
+                "dropped", s.dropped
+            );
+        }
         for kind in Kind::ALL {
             let what = match kind {
                 Kind::Missing => "sent, never completed".to_string(),
                 Kind::Ghost => "completed, never sent".to_string(),
                 Kind::Duplicate => "completed more than once".to_string(),
+                Kind::DeadLettered => "sent, dead-lettered, never completed".to_string(),
                 Kind::Unreadable => format!(
                     "records without a usable key: {} sent, {} processed",
                     s.unreadable_sent, s.unreadable_processed
@@ -212,6 +235,14 @@ impl Report {
         s.processed_keys += u64::from(counts.processed > 0);
         let kind = match counts.verdict() {
             Verdict::Reconciled => return Ok(()),
+            Verdict::Dropped => {
+                s.dropped += 1;
+                return Ok(());
+            }
+            Verdict::DeadLettered => {
+                s.dead_lettered += 1;
+                Kind::DeadLettered
+            }
             Verdict::Missing => {
                 s.missing += 1;
                 Kind::Missing
@@ -227,7 +258,7 @@ impl Report {
         };
         let key = String::from_utf8_lossy(key);
         self.example(kind, || match kind {
-            Kind::Missing => key.to_string(),
+            Kind::Missing | Kind::DeadLettered => key.to_string(),
             _ => format!("{key} (processed {}x)", counts.processed),
         });
         match &mut self.file {
@@ -390,7 +421,11 @@ mod tests {
     use super::*;
 
     fn counts(sent: u64, processed: u64) -> Counts {
-        Counts { sent, processed }
+        Counts {
+            sent,
+            processed,
+            ..Counts::default()
+        }
     }
 
     /// Feeds a fixed set of findings: one unreadable line, then keys in order.
@@ -410,6 +445,20 @@ mod tests {
             ("c", counts(1, 3)),
             ("d", counts(0, 1)),
             ("e", counts(2, 0)),
+            (
+                "f",
+                Counts {
+                    dropped: 1,
+                    ..counts(1, 0)
+                },
+            ),
+            (
+                "g",
+                Counts {
+                    dead_lettered: 1,
+                    ..counts(1, 0)
+                },
+            ),
         ] {
             report.summary().sent_records += c.sent;
             report.summary().processed_records += c.processed;
@@ -419,14 +468,16 @@ mod tests {
 
     fn expected_summary() -> Summary {
         Summary {
-            sent_records: 5,
-            sent_keys: 4,
+            sent_records: 7,
+            sent_keys: 6,
             processed_records: 5,
             processed_keys: 3,
             skipped: 0,
             missing: 2,
             ghost: 1,
             duplicate: 1,
+            dropped: 1,
+            dead_lettered: 1,
             unreadable_sent: 1,
             unreadable_processed: 0,
         }
@@ -457,14 +508,19 @@ mod tests {
             serde_json::json!({"kind": "duplicate", "idempotency_key": "c", "count": 3}),
             serde_json::json!({"kind": "ghost", "idempotency_key": "d", "count": 1}),
             serde_json::json!({"kind": "missing", "idempotency_key": "e", "count": 0}),
+            serde_json::json!({"kind": "dead_lettered", "idempotency_key": "g", "count": 0}),
         ];
-        assert_eq!(lines[..5], expected);
-        let last = &lines[5];
+        assert_eq!(lines[..6], expected, "a key dropped by the rules (f) is no anomaly");
+        let last = &lines[6];
         assert_eq!(last["kind"], "summary");
         assert_eq!(last["format"], FORMAT);
         assert_eq!(last["missing"], 2);
-        assert_eq!(last["sent_keys"], 4);
-        assert_eq!(lines.len(), 6);
+        assert_eq!(
+            (&last["dropped"], &last["dead_lettered"]),
+            (&serde_json::json!(1), &serde_json::json!(1))
+        );
+        assert_eq!(last["sent_keys"], 6);
+        assert_eq!(lines.len(), 7);
     }
 
     #[test]
@@ -489,6 +545,7 @@ mod tests {
             ["duplicate", "c", "3", ""],
             ["ghost", "d", "1", ""],
             ["missing", "e", "0", ""],
+            ["dead_lettered", "g", "0", ""],
         ]
         .iter()
         .map(|r| r.iter().map(|s| s.to_string()).collect())
@@ -521,7 +578,7 @@ mod tests {
         assert_eq!(findings.examples(Kind::Ghost), ["d (processed 1x)"]);
         let text = findings.render("sent.jsonl", "topic out");
         assert!(
-            text.contains("sent       sent.jsonl: 5 records, 4 distinct keys"),
+            text.contains("sent       sent.jsonl: 7 records, 6 distinct keys"),
             "{text}"
         );
         assert!(
