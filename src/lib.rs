@@ -8,6 +8,7 @@ pub mod http;
 pub mod metrics;
 pub mod processors;
 pub mod reconcile;
+pub mod recover;
 pub mod store;
 pub mod topology;
 pub mod trace;

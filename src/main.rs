@@ -51,6 +51,9 @@ enum Command {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// Send dead letters back to their source topic (after fixing their cause), each exactly
+    /// once: a second run skips what the first sent. Exit 1 when some cannot be sent.
+    Redrive(commands::redrive::RedriveArgs),
     /// Compare what upstream says it sent with what tally processed.
     Reconcile {
         #[command(subcommand)]
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
             commands::run::run(&topology, &id, http_address).map(|()| true)
         }
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
+        Command::Redrive(args) => commands::redrive::redrive(&args),
         Command::Describe { topology } => commands::describe::describe_file(&topology)
             .map(|text| print!("{text}"))
             .map(|()| true)

@@ -3,5 +3,6 @@
 pub mod describe;
 pub mod logging;
 pub mod reconcile;
+pub mod redrive;
 pub mod run;
 pub mod validate;

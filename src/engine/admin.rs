@@ -185,6 +185,17 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
     Ok(limit)
 }
 
+/// Creates the compacted internal topic `topic` with `partitions` unless it exists (tools such
+/// as `tally redrive` keep their own log in one).
+pub fn ensure_compacted(t: &Topology, rt: &Handle, topic: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> =
+        clients::base(t)
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .context("cannot create the Kafka admin client; check `kafka.properties`")?;
+    ensure_internal(&admin, rt, topic, partitions, &[("cleanup.policy", "compact")])
+}
+
 /// Creates an internal topic unless it exists, then waits until metadata shows it with
 /// `partitions` partitions.
 fn ensure_internal(

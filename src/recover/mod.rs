@@ -1,0 +1,3 @@
+//! Recovery tools for the operator: what to do once the reconciler found something.
+
+pub mod redrive;

@@ -1,0 +1,239 @@
+//! `tally redrive`: dead letters back to the topic they came from (or another), each exactly
+//! once. Every redriven letter is recorded in a compacted redrive log, keyed by its dead-letter
+//! coordinates, in the same transaction as its copy: a second run, or one that resumes after a
+//! crash, skips what was already sent, whatever its filters.
+
+use crate::engine::emit::{PAYLOAD_OMITTED_HEADER, REASON_HEADER, SOURCE_TOPIC_HEADER};
+use crate::engine::{admin, clients, headers};
+use crate::reconcile::topic::{self, read_to_end};
+use crate::topology::Topology;
+use anyhow::{bail, Context, Result};
+use rdkafka::message::{BorrowedMessage, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Message};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+/// Dead letters per transaction.
+const BATCH: usize = 500;
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
+/// Header naming the dead letter a redriven record was copied from.
+pub const REDRIVEN_FROM_HEADER: &str = "tally.redriven_from";
+
+/// Which dead letters to send, and where.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only letters of this pipeline (by the source topic they name).
+    pub pipeline: Option<String>,
+    /// Only letters with one of these reasons (all when empty).
+    pub reasons: Vec<String>,
+    /// Only letters written at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
+    /// Send every selected letter here instead of its source topic.
+    pub to: Option<String>,
+}
+
+/// What a run found and did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Letters sent (or, in a dry run, that would be), per destination topic and reason.
+    pub sent: BTreeMap<(String, String), u64>,
+    /// Letters a filter left out.
+    pub filtered: u64,
+    /// Letters an earlier run already sent.
+    pub already_redriven: u64,
+    /// Letters that cannot be sent, with why (payload left out, no source topic), per reason.
+    pub unsendable: BTreeMap<String, u64>,
+}
+
+impl Outcome {
+    /// Letters sent in all.
+    pub fn total_sent(&self) -> u64 {
+        self.sent.values().sum()
+    }
+
+    /// A short report, one line per destination and reason.
+    pub fn render(&self, dry_run: bool) -> String {
+        let verb = if dry_run { "would send" } else { "sent" };
+        let mut out = format!("{verb} {} dead letters\n", self.total_sent());
+        for ((topic, reason), n) in &self.sent {
+            out.push_str(&format!("  {n:>8}  {reason} → {topic}\n"));
+        }
+        out.push_str(&format!(
+            "skipped: {} already redriven, {} not selected\n",
+            self.already_redriven, self.filtered
+        ));
+        for (why, n) in &self.unsendable {
+            out.push_str(&format!("cannot send {n}: {why}\n"));
+        }
+        out
+    }
+}
+
+/// The redrive log of an application: compacted, one record per redriven dead letter.
+pub fn log_topic(t: &Topology) -> String {
+    format!("{}-redrive-log", t.application_id)
+}
+
+/// A dead letter chosen for sending.
+struct Letter {
+    coordinates: String,
+    to: String,
+    reason: String,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// Reads the dead-letter topic up to its end, selects letters, and sends them (not when
+/// `dry_run`), with the topology's bootstrap servers and `kafka.properties`.
+pub fn run(t: &Topology, selection: &Selection, dry_run: bool) -> Result<Outcome> {
+    if let Some(p) = &selection.pipeline {
+        if !t.pipelines.iter().any(|q| &q.name == p) {
+            bail!("the topology has no pipeline `{p}`");
+        }
+    }
+    let log = log_topic(t);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    admin::ensure_compacted(t, rt.handle(), &log, 1)?;
+    let properties: Vec<(String, String)> = t.kafka.properties.clone().into_iter().collect();
+    let reader = topic::client_config(&t.kafka.bootstrap_servers, &properties)?;
+    let mut done: HashSet<String> = HashSet::new();
+    read_to_end(&reader, &log, &mut |m| {
+        if let Some(k) = m.key().and_then(|k| std::str::from_utf8(k).ok()) {
+            // A tombstone would undo a record; nothing writes one, but honour it.
+            match m.payload() {
+                Some(_) => done.insert(k.to_string()),
+                None => done.remove(k),
+            };
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading the redrive log `{log}`"))?;
+
+    let mut outcome = Outcome::default();
+    let mut letters = Vec::new();
+    read_to_end(&reader, &t.dead_letter_topic, &mut |m| {
+        if let Some(letter) = select(t, selection, &done, m, &mut outcome) {
+            letters.push(letter);
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading the dead-letter topic `{}`", t.dead_letter_topic))?;
+    for l in &letters {
+        *outcome.sent.entry((l.to.clone(), l.reason.clone())).or_default() += 1;
+    }
+    if dry_run || letters.is_empty() {
+        return Ok(outcome);
+    }
+    send(t, &clients::base(t), &log, &letters)?;
+    Ok(outcome)
+}
+
+/// The letter `m` as it will be sent, or `None` (counted in `outcome`) when it is not.
+fn select(
+    t: &Topology,
+    selection: &Selection,
+    done: &HashSet<String>,
+    m: &BorrowedMessage<'_>,
+    outcome: &mut Outcome,
+) -> Option<Letter> {
+    let coordinates = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
+    let header = |name: &str| headers::text(m, name).map(str::to_string);
+    let reason = header(REASON_HEADER).unwrap_or_else(|| "unknown".to_string());
+    let source = header(SOURCE_TOPIC_HEADER);
+    let pipeline = source
+        .as_deref()
+        .and_then(|s| t.stage_for_topic(s))
+        .map(|(p, _)| p.name.clone());
+    let selected = selection.pipeline.as_ref().is_none_or(|p| pipeline.as_ref() == Some(p))
+        && (selection.reasons.is_empty() || selection.reasons.contains(&reason))
+        && selection
+            .since_ms
+            .is_none_or(|since| m.timestamp().to_millis().is_some_and(|ts| ts >= since));
+    if !selected {
+        outcome.filtered += 1;
+        return None;
+    }
+    if done.contains(&coordinates) {
+        outcome.already_redriven += 1;
+        return None;
+    }
+    let mut unsendable = |why: &str| {
+        *outcome.unsendable.entry(why.to_string()).or_default() += 1;
+        None
+    };
+    if header(PAYLOAD_OMITTED_HEADER).is_some() {
+        return unsendable("the dead letter left out the payload (too large); resend it from upstream");
+    }
+    let Some(payload) = m.payload() else {
+        return unsendable("the record had no value");
+    };
+    let to = match (&selection.to, source) {
+        (Some(to), _) => to.clone(),
+        (None, Some(source)) => source,
+        (None, None) => return unsendable("no tally.source.topic header; give --to"),
+    };
+    // The input's own headers, without what tally added when it dead-lettered the record.
+    let kept = headers::entries(m)
+        .filter(|h| !h.name.starts_with(b"tally.error.") && !h.name.starts_with(b"tally.source."))
+        .map(|h| (h.name.to_vec(), h.value.map(<[u8]>::to_vec)))
+        .collect();
+    Some(Letter {
+        coordinates,
+        to,
+        reason,
+        key: m.key().map(<[u8]>::to_vec),
+        payload: payload.to_vec(),
+        headers: kept,
+    })
+}
+
+/// Sends the letters in transactions of [`BATCH`], each with its redrive log records.
+fn send(t: &Topology, client: &ClientConfig, log: &str, letters: &[Letter]) -> Result<()> {
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = client
+        .clone()
+        .set("transactional.id", format!("{}-redrive", t.application_id))
+        .set("enable.idempotence", "true")
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .context("cannot create the redrive producer")?;
+    producer
+        .init_transactions(KAFKA_TIMEOUT)
+        .context("cannot start the redrive producer's transactions (is another `tally redrive` running?)")?;
+    for (n, batch) in letters.chunks(BATCH).enumerate() {
+        producer
+            .begin_transaction()
+            .context("beginning a redrive transaction")?;
+        for l in batch {
+            let mut hs = l.headers.iter().fold(OwnedHeaders::new(), |h, (name, value)| {
+                headers::add(h, name, value.as_deref())
+            });
+            hs = headers::add(hs, REDRIVEN_FROM_HEADER.as_bytes(), Some(l.coordinates.as_bytes()));
+            let mut record = BaseRecord::to(&l.to).payload(&l.payload).headers(hs);
+            if let Some(k) = &l.key {
+                record = record.key(k);
+            }
+            producer
+                .send(record)
+                .map_err(|(e, _)| e)
+                .with_context(|| format!("sending dead letter {} to `{}`", l.coordinates, l.to))?;
+            let entry = serde_json::json!({"to": l.to, "reason": l.reason}).to_string();
+            producer
+                .send(BaseRecord::to(log).key(&l.coordinates).payload(&entry))
+                .map_err(|(e, _)| e)
+                .with_context(|| format!("recording dead letter {} in `{log}`", l.coordinates))?;
+        }
+        producer.commit_transaction(KAFKA_TIMEOUT).with_context(|| {
+            format!(
+                "committing redrive batch {} (its letters are sent again by the next run if it aborted)",
+                n + 1
+            )
+        })?;
+        tracing::info!(batch = n + 1, letters = batch.len(), "redrive batch committed");
+    }
+    Ok(())
+}
