@@ -52,8 +52,11 @@ enum Command {
         seed: u64,
     },
     /// Send dead letters back to their source topic (after fixing their cause), each exactly
-    /// once: a second run skips what the first sent. Exit 1 when some cannot be sent.
+    /// once: a second run skips what the first sent. Exit 2 when some cannot be sent.
     Redrive(commands::redrive::RedriveArgs),
+    /// Show every trace record, output and dead letter of one event, by idempotency key or
+    /// correlation id, oldest first: where it went and where it stopped. Exit 2 when none.
+    Inspect(commands::inspect::InspectArgs),
     /// Compare what upstream says it sent with what tally processed.
     Reconcile {
         #[command(subcommand)]
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         }
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
         Command::Redrive(args) => commands::redrive::redrive(&args),
+        Command::Inspect(args) => commands::inspect::inspect(&args),
         Command::Describe { topology } => commands::describe::describe_file(&topology)
             .map(|text| print!("{text}"))
             .map(|()| true)

@@ -1,6 +1,7 @@
 //! The CLI's commands, called by `main` with parsed arguments.
 
 pub mod describe;
+pub mod inspect;
 pub mod logging;
 pub mod reconcile;
 pub mod redrive;

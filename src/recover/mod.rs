@@ -1,3 +1,4 @@
 //! Recovery tools for the operator: what to do once the reconciler found something.
 
+pub mod inspect;
 pub mod redrive;

@@ -1,0 +1,44 @@
+//! `tally inspect`: where one event went, from the topics, by idempotency key or correlation id.
+
+use crate::config;
+use crate::recover::inspect::{self, Query};
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
+/// Arguments of `tally inspect`.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    /// The topology YAML file: its trace, output and dead-letter topics and Kafka settings.
+    pub topology: PathBuf,
+    /// The event's business idempotency key, as outputs and trace records show it (`PAY-1:PAID`).
+    #[arg(long, required_unless_present = "correlation_id", conflicts_with = "correlation_id")]
+    pub key: Option<String>,
+    /// The event's correlation id.
+    #[arg(long)]
+    pub correlation_id: Option<String>,
+    /// One JSON object per record instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints every record that names the event, oldest first; true when there was one.
+pub fn inspect(args: &InspectArgs) -> Result<bool> {
+    let topology = config::load_file(&args.topology)?;
+    let query = match (&args.key, &args.correlation_id) {
+        (Some(k), _) => Query::Key(k.clone()),
+        (None, Some(c)) => Query::Correlation(c.clone()),
+        (None, None) => anyhow::bail!("give --key or --correlation-id"),
+    };
+    let found = inspect::run(&topology, &query)?;
+    for s in &found {
+        if args.json {
+            println!("{}", serde_json::to_string(s).context("writing a record as JSON")?);
+        } else {
+            println!("{}", s.render());
+        }
+    }
+    if found.is_empty() && !args.json {
+        println!("no trace record, output or dead letter names it");
+    }
+    Ok(!found.is_empty())
+}

@@ -1,0 +1,193 @@
+//! `tally inspect`: everything the topics say about one event, found by its idempotency key or
+//! its correlation id: its trace records at every node, its outputs and its dead letters, in
+//! time order, so an operator can locate where it stopped.
+
+use crate::engine::emit::{
+    IDEMPOTENCY_KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
+use crate::engine::headers;
+use crate::reconcile::topic::{self, read_to_end};
+use crate::topology::Topology;
+use anyhow::{bail, Context, Result};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::Message;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// Header outputs carry the correlation id in when the pipeline names none.
+const DEFAULT_CORRELATION_HEADER: &str = "correlation_id";
+
+/// What to look for.
+#[derive(Debug, Clone)]
+pub enum Query {
+    /// A business idempotency key, as trace records and outputs show it (`PAY-1:PAID`).
+    Key(String),
+    /// A correlation id.
+    Correlation(String),
+}
+
+/// One record that names the event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sighting {
+    /// `trace`, `output` or `dead_letter`.
+    pub kind: &'static str,
+    /// `<topic>/<partition>/<offset>` of the record.
+    pub at: String,
+    /// Its timestamp, ms since the epoch.
+    pub timestamp_ms: i64,
+    /// What it says: node and status for a trace record, pipeline for an output, reason and
+    /// source for a dead letter.
+    pub detail: String,
+}
+
+impl Sighting {
+    /// One line for a terminal.
+    pub fn render(&self) -> String {
+        let time = UNIX_EPOCH + Duration::from_millis(self.timestamp_ms.max(0) as u64);
+        format!(
+            "{}  {:<11} {:<40} {}",
+            humantime::format_rfc3339_millis(time),
+            self.kind,
+            self.at,
+            self.detail
+        )
+    }
+}
+
+/// Reads the trace topic, every output topic and the dead-letter topic of `t` to their ends
+/// and returns the records that name the event, oldest first.
+pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
+    let properties: Vec<(String, String)> = t.kafka.properties.clone().into_iter().collect();
+    let reader = topic::client_config(&t.kafka.bootstrap_servers, &properties)?;
+    let mut found = Vec::new();
+    if let Some(trace) = &t.trace {
+        let context = || format!("reading the trace topic `{}`", trace.topic);
+        let mut events = BTreeSet::new();
+        read_to_end(&reader, &trace.topic, &mut |m| {
+            if let Some((s, event)) = trace_sighting(m, query, None) {
+                found.push(s);
+                events.extend(event);
+            }
+            Ok(())
+        })
+        .with_context(context)?;
+        // A node that has not computed the key (the repartition node) names the event only by
+        // where it came from: a second pass takes every record of the events found.
+        if matches!(query, Query::Key(_)) && !events.is_empty() {
+            found.clear();
+            read_to_end(&reader, &trace.topic, &mut |m| {
+                found.extend(trace_sighting(m, query, Some(&events)).map(|(s, _)| s));
+                Ok(())
+            })
+            .with_context(context)?;
+        }
+    }
+    let outputs: BTreeSet<(&str, &str, &str)> = t
+        .pipelines
+        .iter()
+        .map(|p| {
+            let header = p.correlation.header.as_deref().unwrap_or(DEFAULT_CORRELATION_HEADER);
+            (p.output.topic.as_str(), p.name.as_str(), header)
+        })
+        .collect();
+    for (topic, pipeline, correlation_header) in outputs {
+        read_to_end(&reader, topic, &mut |m| {
+            if names(m, query, correlation_header) {
+                found.push(sighting(m, "output", format!("pipeline {pipeline}")));
+            }
+            Ok(())
+        })
+        .with_context(|| format!("reading the output topic `{topic}`"))?;
+    }
+    let correlation_headers: BTreeSet<&str> = t
+        .pipelines
+        .iter()
+        .map(|p| p.correlation.header.as_deref().unwrap_or(DEFAULT_CORRELATION_HEADER))
+        .collect();
+    read_to_end(&reader, &t.dead_letter_topic, &mut |m| {
+        if correlation_headers.iter().any(|h| names(m, query, h)) {
+            let text = |name| headers::text(m, name).unwrap_or("?");
+            let detail = format!(
+                "reason {}, from {}/{}/{}",
+                text(REASON_HEADER),
+                text(SOURCE_TOPIC_HEADER),
+                text(SOURCE_PARTITION_HEADER),
+                text(SOURCE_OFFSET_HEADER)
+            );
+            found.push(sighting(m, "dead_letter", detail));
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading the dead-letter topic `{}`", t.dead_letter_topic))?;
+    if found.is_empty() && t.trace.is_none() {
+        bail!("nothing found, and the topology writes no trace records: only outputs and dead letters were searched");
+    }
+    found.sort_by(|a, b| (a.timestamp_ms, &a.at).cmp(&(b.timestamp_ms, &b.at)));
+    Ok(found)
+}
+
+/// True when an output or dead letter carries the key or correlation id in its headers.
+fn names(m: &BorrowedMessage<'_>, query: &Query, correlation_header: &str) -> bool {
+    match query {
+        Query::Key(k) => headers::text(m, IDEMPOTENCY_KEY_HEADER) == Some(k.as_str()),
+        Query::Correlation(c) => headers::text(m, correlation_header) == Some(c.as_str()),
+    }
+}
+
+/// The fields of a trace record `inspect` shows.
+#[derive(serde::Deserialize)]
+struct TraceFields {
+    event_id: Option<String>,
+    idempotency_key: Option<String>,
+    correlation_id: Option<String>,
+    node: Option<String>,
+    status: Option<String>,
+    outcome: Option<String>,
+}
+
+/// The trace record `m` when it names the event (by the query, or, given `events`, by its
+/// event id), with its event id.
+fn trace_sighting(
+    m: &BorrowedMessage<'_>,
+    query: &Query,
+    events: Option<&BTreeSet<String>>,
+) -> Option<(Sighting, Option<String>)> {
+    let fields: TraceFields = serde_json::from_slice(m.payload()?).ok()?;
+    let matches = match (events, query) {
+        (Some(events), _) => fields.event_id.as_ref().is_some_and(|e| events.contains(e)),
+        (None, Query::Key(k)) => fields.idempotency_key.as_deref() == Some(k.as_str()),
+        (None, Query::Correlation(c)) => fields.correlation_id.as_deref() == Some(c.as_str()),
+    };
+    if !matches {
+        return None;
+    }
+    let mut detail = format!(
+        "{} {}",
+        fields.node.as_deref().unwrap_or("?"),
+        fields.status.as_deref().unwrap_or("?")
+    );
+    if let Some(o) = fields.outcome {
+        detail.push_str(&format!(" ({o})"));
+    }
+    detail.push_str(&format!(", event {}", fields.event_id.as_deref().unwrap_or("?")));
+    match query {
+        Query::Key(_) => detail.push_str(&format!(
+            ", correlation {}",
+            fields.correlation_id.as_deref().unwrap_or("?")
+        )),
+        Query::Correlation(_) => {
+            detail.push_str(&format!(", key {}", fields.idempotency_key.as_deref().unwrap_or("?")))
+        }
+    }
+    Some((sighting(m, "trace", detail), fields.event_id))
+}
+
+fn sighting(m: &BorrowedMessage<'_>, kind: &'static str, detail: String) -> Sighting {
+    Sighting {
+        kind,
+        at: format!("{}/{}/{}", m.topic(), m.partition(), m.offset()),
+        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+        detail,
+    }
+}
