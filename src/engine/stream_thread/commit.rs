@@ -13,6 +13,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 
+/// How long a commit of writes alone may wait for the group's committed offsets.
+const FENCE_LOOKUP: Duration = Duration::from_secs(10);
+
 impl ThreadState {
     /// A task could not write: a failed produce aborts the transaction and rewinds when Kafka
     /// says that is enough; anything else ends the generation.
@@ -91,6 +94,24 @@ impl ThreadState {
                     .map_err(|e| EngineError::Fatal(anyhow!(e)))?;
             }
         }
+        if offsets.count() == 0 {
+            // Writes without a consumed record (a reconciler scan's alerts and open-event
+            // updates, dedup expiry) carry no offsets, so no group generation either: a zombie,
+            // frozen past its session timeout while its tasks moved on, would commit them over
+            // the new owner's state (a chaos run caught 85 closed events reopened this way).
+            // Committing again where one owned partition stands puts the generation check
+            // (KIP-447) into this transaction too; with nothing to fence with, the writes are
+            // dropped and the next tick makes them again.
+            match self.fencing_offset(consumer) {
+                Some((topic, partition, next)) => offsets
+                    .add_partition_offset(&topic, partition, Offset::Offset(next))
+                    .map_err(|e| EngineError::Fatal(anyhow!(e)))?,
+                None => {
+                    tracing::debug!("no owned partition's position known: dropping writes that could not be fenced");
+                    return self.abort_and_rewind(consumer);
+                }
+            }
+        }
         let group = consumer
             .group_metadata()
             .ok_or_else(|| EngineError::TaskMigrated("no consumer group metadata (not a group member)".into()))?;
@@ -113,6 +134,27 @@ impl ThreadState {
         }
         self.purger.maybe_purge();
         Ok(())
+    }
+
+    /// An owned partition and the offset the group has for it, to commit again: a position this
+    /// thread reached (what its last commit handed on), else the group's committed offset.
+    fn fencing_offset(&self, consumer: &BaseConsumer<StreamContext>) -> Option<(String, i32, i64)> {
+        if let Some(((topic, partition), next)) = self
+            .tasks
+            .keys()
+            .find_map(|k| self.txn.position(k).map(|next| (k.clone(), next)))
+        {
+            return Some((topic, partition, next));
+        }
+        let mut owned = TopicPartitionList::new();
+        for (topic, partition) in self.tasks.keys() {
+            owned.add_partition(topic, *partition);
+        }
+        let committed = consumer.committed_offsets(owned, FENCE_LOOKUP).ok()?;
+        committed.elements().iter().find_map(|e| match e.offset() {
+            Offset::Offset(next) if next >= 0 => Some((e.topic().to_string(), e.partition(), next)),
+            _ => None,
+        })
     }
 
     /// Aborts the transaction, drops uncommitted store writes and rewinds every partition the
