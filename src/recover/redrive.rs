@@ -172,10 +172,12 @@ fn select(
     let Some(payload) = m.payload() else {
         return unsendable("the record had no value");
     };
-    let to = match (&selection.to, source) {
-        (Some(to), _) => to.clone(),
-        (None, Some(source)) => source,
-        (None, None) => return unsendable("no tally.source.topic header; give --to"),
+    let to = match (&selection.to, source, &pipeline) {
+        (Some(to), _, _) => to.clone(),
+        (None, Some(source), Some(_)) => source,
+        // A dead-letter topic shared with other applications: their letters are not ours to send.
+        (None, Some(_), None) => return unsendable("its source topic is not one of this topology's; give --to"),
+        (None, None, _) => return unsendable("no tally.source.topic header; give --to"),
     };
     // The input's own headers, without what tally added when it dead-lettered the record.
     let kept = headers::entries(m)
