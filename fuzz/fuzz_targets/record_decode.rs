@@ -13,6 +13,7 @@ use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
 use std::sync::Arc;
 use tally::processors::{Decision, Input, PipelineProcessor};
+use tally::store::global::MappingRecord;
 use tally::store::{GlobalMappings, StoreEnv, TaskStore};
 use tally_fuzz::fixed_env;
 
@@ -40,8 +41,21 @@ fn world() -> World {
     let env = StoreEnv::new(8 << 20, 4 << 20);
     // Some known mappings, so `map_ids` takes its "found" path as well as pending-create.
     let global = Arc::new(GlobalMappings::in_memory().expect("an in-memory ID-mapping store"));
-    global.apply("ext/crm/C1", Some("11111111-1111-5111-8111-111111111111"));
-    global.apply("int/11111111-1111-5111-8111-111111111111/erp", Some("ERP-1"));
+    let known = [
+        ("ext/crm/C1", "11111111-1111-5111-8111-111111111111"),
+        ("int/11111111-1111-5111-8111-111111111111/erp", "ERP-1"),
+    ];
+    let records: Vec<MappingRecord<'_>> = known
+        .iter()
+        .enumerate()
+        .map(|(offset, (key, value))| MappingRecord {
+            partition: 0,
+            offset: offset as i64,
+            key,
+            value: Some(value),
+        })
+        .collect();
+    global.apply(&records).expect("the in-memory store takes the known mappings");
     let mut stages = Vec::new();
     for (file, text) in TOPOLOGIES {
         let topology = tally::config::load_str(file, text, fixed_env).expect("example topologies are valid");
