@@ -230,15 +230,20 @@ reconcile: {{ alerts_topic: {alerts}, scan_interval: {scan}, threshold: {thresho
     )
 }
 
-/// Input partitions whose committed position (the group's offset, read without joining it) is
-/// short of the partition's end: a record tally never got past, whatever the outputs say.
-fn stalled_partitions(group: &str, inputs: &[String; 3], partitions: &[i32; 3]) -> Vec<String> {
-    let client: BaseConsumer = rdkafka::ClientConfig::new()
+/// A client that reads `group`'s committed offsets (an OffsetFetch) without joining the group.
+fn offsets_client(group: &str) -> BaseConsumer {
+    rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
-        .expect("offsets client");
+        .expect("offsets client")
+}
+
+/// Input partitions whose committed position (the group's offset, read without joining it) is
+/// short of the partition's end: a record tally never got past, whatever the outputs say.
+fn stalled_partitions(group: &str, inputs: &[String; 3], partitions: &[i32; 3]) -> Vec<String> {
+    let client = offsets_client(group);
     let mut tpl = rdkafka::TopicPartitionList::new();
     for (topic, n) in inputs.iter().zip(partitions) {
         for p in 0..*n {
@@ -264,12 +269,7 @@ fn stalled_partitions(group: &str, inputs: &[String; 3], partitions: &[i32; 3]) 
 /// The group's committed offsets on `topic` summed over its partitions, read with a client
 /// that never joins the group (an OffsetFetch): how far the reconciler has read.
 fn group_position(group: &str, topic: &str) -> impl FnMut() -> i64 {
-    let client: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("offsets client");
+    let client = offsets_client(group);
     let mut partitions = rdkafka::TopicPartitionList::new();
     for p in 0..TRACE_PARTITIONS {
         partitions.add_partition(topic, p);
