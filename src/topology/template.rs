@@ -246,8 +246,12 @@ pub fn canonical_number(n: &serde_json::Number) -> String {
     }
     // value = significant × 10^scale
     let scale = exponent
-        .saturating_sub(frac.len() as i64)
-        .saturating_add((digits.len() - significant.len()) as i64);
+        .checked_sub(frac.len() as i64)
+        .and_then(|s| s.checked_add((digits.len() - significant.len()) as i64));
+    // An exponent at the edge of 64 bits: saturating would merge neighbours, so keep the text.
+    let Some(scale) = scale else {
+        return text;
+    };
     let sign = if negative { "-" } else { "" };
     let len = significant.len() as i64;
     if scale >= 0 && len.saturating_add(scale) <= PLAIN_DIGITS as i64 {
@@ -366,6 +370,11 @@ mod tests {
         );
         assert_ne!(render("9007199254740993"), render("9007199254740992"));
         assert_ne!(render("0.1000000000000000000001"), render("0.1"));
+        assert_ne!(
+            render("1.5e-9223372036854775808"),
+            render("15e-9223372036854775808"),
+            "no saturation"
+        );
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
     }
 
