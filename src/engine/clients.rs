@@ -2,6 +2,10 @@
 
 use crate::topology::Topology;
 use rdkafka::ClientConfig;
+use std::time::Duration;
+
+/// tally's `transaction.timeout.ms` unless the topology sets one.
+const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
 
 /// Bootstrap servers and the topology's pass-through properties.
 pub fn base(t: &Topology) -> ClientConfig {
@@ -50,9 +54,22 @@ pub fn transactional_producer(t: &Topology, transactional_id: &str) -> ClientCon
         // deleted while tally runs would come back without `cleanup.policy=compact`. Topics are
         // created (compacted) at start, by the admin client only.
         .set("allow.auto.create.topics", "false")
-        .set_if_absent("transaction.timeout.ms", "60000")
+        .set_if_absent("transaction.timeout.ms", &DEFAULT_TRANSACTION_TIMEOUT_MS.to_string())
         .set_if_absent("linger.ms", "5");
     c
+}
+
+/// How long a transaction of tally's producers can stay open before the broker aborts it: the
+/// transaction timeout, plus the broker's sweep for expired transactions (every 10 s by default)
+/// and the writing of its markers. A transaction open longer is hanging.
+pub fn open_transaction_limit(t: &Topology) -> Duration {
+    let timeout_ms = t
+        .kafka
+        .properties
+        .get("transaction.timeout.ms")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT_MS);
+    Duration::from_millis(timeout_ms) + Duration::from_secs(30)
 }
 
 /// A consumer that reads a changelog partition to its end (assigned, never joins the group;

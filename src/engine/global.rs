@@ -2,6 +2,7 @@
 //! (like a Kafka Streams global stream thread): at startup from the positions the store recorded
 //! (the whole topic only on a first start), then tailing it.
 
+use super::stable_end::{self, StableEnd};
 use super::{clients, Shutdown};
 use crate::metrics::Metrics;
 use crate::store::global::MappingRecord;
@@ -31,17 +32,16 @@ pub fn start(
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) -> Result<std::thread::JoinHandle<()>> {
-    let consumer: BaseConsumer = clients::restore_consumer(t)
-        .create()
-        .context("creating the ID-mapping reader")?;
+    let config = clients::restore_consumer(t);
+    let consumer: BaseConsumer = config.create().context("creating the ID-mapping reader")?;
     let md = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(15))
         .with_context(|| format!("reading metadata of the mappings topic `{topic}`"))?;
     let partitions = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
+    let limit = clients::open_transaction_limit(t);
     let mut ends = HashMap::new();
     for p in 0..partitions {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(15))
+        let StableEnd { low, high } = stable_end::wait(&consumer, &config, topic, p, limit, &|| {})
             .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
         ends.insert(p, (low, high));
     }

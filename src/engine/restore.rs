@@ -1,7 +1,10 @@
 //! Brings a task's store up to its changelog's committed end before the task processes.
 
+use super::clients;
+use super::stable_end::{self, StableEnd};
 use crate::metrics::Metrics;
 use crate::store::{StoreError, TaskStore};
+use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -25,9 +28,30 @@ pub struct RestoreReport {
     pub wiped: bool,
 }
 
-/// Restores store `index` of `store` from `topic`/`partition`.
+/// How restores read changelogs.
+#[derive(Clone)]
+pub struct RestoreSettings {
+    /// The restore consumer's configuration (read_committed).
+    pub config: ClientConfig,
+    /// How long a restore waits for a transaction open on its changelog before it calls the
+    /// transaction hanging and fails.
+    pub open_transaction_limit: Duration,
+}
+
+impl RestoreSettings {
+    /// The settings of `t`'s restores.
+    pub fn of(t: &Topology) -> Self {
+        Self {
+            config: clients::restore_consumer(t),
+            open_transaction_limit: clients::open_transaction_limit(t),
+        }
+    }
+}
+
+/// Restores store `index` of `store` from `topic`/`partition`, to the changelog's end once no
+/// transaction is open below it.
 pub fn restore(
-    config: &ClientConfig,
+    settings: &RestoreSettings,
     store: &mut TaskStore,
     index: usize,
     topic: &str,
@@ -37,10 +61,11 @@ pub fn restore(
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let name = store.name(index).to_string();
+    let config = &settings.config;
     let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
-    let (low, high) = consumer
-        .fetch_watermarks(topic, partition, Duration::from_secs(15))
-        .with_context(|| format!("cannot read the end of changelog `{topic}` partition {partition}"))?;
+    let limit = settings.open_transaction_limit;
+    let StableEnd { low, high } = stable_end::wait(&consumer, config, topic, partition, limit, progress)
+        .with_context(|| format!("cannot find the end of changelog `{topic}` partition {partition}"))?;
     let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
     if let Some(r) = rebuilt {
         r.count(metrics, &name);

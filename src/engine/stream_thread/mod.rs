@@ -11,7 +11,7 @@ use super::group_watch::RejoinRequests;
 use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
-use super::restore::{self, Rebuild};
+use super::restore::{self, Rebuild, RestoreSettings};
 use super::task::{PipelineTask, Sinks, Task, Work};
 use super::txn::{Phase, Txn};
 use super::Shutdown;
@@ -26,7 +26,7 @@ use anyhow::{anyhow, Context as _};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::{ClientConfig, Message};
+use rdkafka::Message;
 use rebalance::StreamContext;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -118,7 +118,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         tasks: HashMap::new(),
         txn: Txn::default(),
         unproducible: HashSet::new(),
-        restore_config: clients::restore_consumer(t),
+        restore: RestoreSettings::of(t),
         failure: None,
         to_open: Vec::new(),
         joined: false,
@@ -221,7 +221,7 @@ struct ThreadState {
     /// Records (topic, partition, offset) whose output could not be written: dead-lettered
     /// when they come again after the abort. Cleared at every commit.
     unproducible: HashSet<(String, i32, i64)>,
-    restore_config: ClientConfig,
+    restore: RestoreSettings,
     failure: Option<EngineError>,
     /// Assigned partitions whose tasks are still to open and restore.
     to_open: Vec<(String, i32)>,
@@ -346,7 +346,7 @@ impl ThreadState {
             let mut store = self.open_store(layout)?;
             for (i, changelog) in layout.changelogs.iter().enumerate() {
                 restore::restore(
-                    &self.restore_config,
+                    &self.restore,
                     &mut store,
                     i,
                     changelog,
