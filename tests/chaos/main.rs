@@ -7,7 +7,9 @@
 //! (6), TALLY_CHAOS_SCALES (3 → 1 → 3 cycles, 1), TALLY_CHAOS_BROKER_RESTARTS (1; the first is
 //! a SIGKILL, then SIGTERM and SIGKILL alternate), TALLY_CHAOS_STATE_LOSSES (1),
 //! TALLY_CHAOS_SEED (a fresh random seed per run, printed first and in the verdict), TALLY_CHAOS_RECONCILE_THRESHOLD and TALLY_CHAOS_RECONCILE_SCAN
-//! (the live reconciler's alert threshold and scan interval, 30s and 1s). For diagnosis,
+//! (the live reconciler's alert threshold and scan interval, 30s and 1s). An odd seed runs every
+//! instance with two stream threads and a standby replica of each stateful task, an even one
+//! with one thread and none (TALLY_CHAOS_THREADS and TALLY_CHAOS_STANDBYS override). For diagnosis,
 //! TALLY_CHAOS_KAFKA_DEBUG sets librdkafka's `debug` (e.g. `cgrp`) and TALLY_CHAOS_RUST_LOG the
 //! instances' log filter (e.g. `info,librdkafka=debug`). Broker restarts go through
 //! `deploy/local/kafka` with this process's environment, so the broker at KAFKA_BOOTSTRAP must be
@@ -48,6 +50,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
         state_losses: env_or("TALLY_CHAOS_STATE_LOSSES", 1),
         freezes: env_or("TALLY_CHAOS_FREEZES", 1),
     };
+    let shape = Shape::for_run(seed);
     if plan.broker_restarts > 0 {
         faults::assert_broker_is_ours();
     }
@@ -73,10 +76,11 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     // Kept when the run fails, for inspection.
     let dir = tempfile::tempdir().expect("tempdir").keep();
     let topology = dir.as_path().join("topology.yaml");
-    let yaml = topology_yaml(&names.app, &topics, &names.alerts, max_bytes);
+    let yaml = topology_yaml(&names.app, &topics, &names.alerts, max_bytes, shape);
     std::fs::write(&topology, yaml).expect("write topology");
     eprintln!(
-        "chaos: {records} records, seed {seed} (TALLY_CHAOS_SEED={seed} replays it), state and logs in {}",
+        "chaos: {records} records, seed {seed} (TALLY_CHAOS_SEED={seed} replays it), {}, state and logs in {}",
+        shape.describe(),
         dir.as_path().display()
     );
 
@@ -137,7 +141,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     let count = |f: Fault| schedule.iter().filter(|g| **g == f).count();
     let verdict = format!(
         "chaos verdict: {} — {} business events in {records} records | {} | faults: kills {}, scale cycles {}, \
-         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, zombies {}, seed {seed} | reconciler: {open} open over \
+         broker restarts {} (SIGTERM {}, SIGKILL {}), state dirs lost {}, zombies {}, seed {seed}, {} | reconciler: {open} open over \
          {reporting} tasks, {alerts} alerts | {:.0}s",
         if report.passed() { "PASS" } else { "FAIL" },
         report.business_events(),
@@ -149,6 +153,7 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
         count(Fault::BrokerRestart { sigkill: true }),
         count(Fault::LoseState),
         count(Fault::Freeze),
+        shape.describe(),
         started.elapsed().as_secs_f64()
     );
     println!("{verdict}");
@@ -161,7 +166,32 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
     std::fs::remove_dir_all(&dir).expect("remove the run's directory");
 }
 
-fn topology_yaml(app: &str, t: &Topics, alerts: &str, max_bytes: usize) -> String {
+/// How the instances run their tasks: one stream thread and no standby, or two threads each and
+/// a standby replica of every stateful task (tasks move between threads of one instance, and a
+/// standby is promoted when its active dies).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    threads: u64,
+    standbys: u64,
+}
+
+impl Shape {
+    /// TALLY_CHAOS_THREADS / TALLY_CHAOS_STANDBYS when set, else by the seed's parity, so a sweep
+    /// covers both shapes and a seed replays its own.
+    fn for_run(seed: u64) -> Self {
+        let threaded = seed % 2 == 1;
+        Self {
+            threads: env_or("TALLY_CHAOS_THREADS", if threaded { 2 } else { 1 }),
+            standbys: env_or("TALLY_CHAOS_STANDBYS", threaded as u64),
+        }
+    }
+
+    fn describe(self) -> String {
+        format!("threads {}, standbys {}", self.threads, self.standbys)
+    }
+}
+
+fn topology_yaml(app: &str, t: &Topics, alerts: &str, max_bytes: usize, shape: Shape) -> String {
     format!(
         r#"
 application_id: {app}
@@ -171,7 +201,7 @@ kafka:
 # Static membership: a killed instance restarted within the session timeout gets its own tasks
 # back and resumes from its own stores, the case that exposes a store running ahead of its
 # committed changelog.
-processing: {{ commit_interval_ms: 100, max_record_bytes: {max_bytes}, static_membership: true }}
+processing: {{ commit_interval_ms: 100, max_record_bytes: {max_bytes}, static_membership: true, threads: {threads}, num_standby_replicas: {standbys} }}
 state: {{ dir: "${{TALLY_STATE_DIR}}" }}
 sources:
   payments: {{ topic: {in0} }}
@@ -214,6 +244,8 @@ trace: {{ topic: {trace}, level: all }}
 reconcile: {{ alerts_topic: {alerts}, scan_interval: {scan}, threshold: {threshold} }}
 "#,
         bootstrap = bootstrap(),
+        threads = shape.threads,
+        standbys = shape.standbys,
         debug = std::env::var("TALLY_CHAOS_KAFKA_DEBUG")
             .map(|d| format!(", debug: {d}"))
             .unwrap_or_default(),
