@@ -122,3 +122,100 @@ fn a_commit_of_unknown_outcome_is_resolved_by_the_broker_not_guessed() {
     tally.stop();
     assert!(injected(&log, "commit_outcome_unknown"), "the fault fired");
 }
+
+/// Cause 5: a zombie's transaction of writes alone (a reconciler scan's alerts, expiry
+/// deletes) carried no offsets, so no group generation, and nothing fenced it. Instance `a`
+/// freezes past `max.poll.interval.ms` while it owns the reconciler task; `b` takes the task
+/// over and alerts the stuck events; `a` wakes, scans, alerts them again and commits before it
+/// polls. The commit now carries a fencing offset and is refused: each event is alerted once.
+#[test]
+fn a_zombie_that_ticks_and_commits_before_it_learns_it_was_replaced_is_fenced() {
+    const YAML: &str = r#"
+application_id: ${TALLY_APP_ID}
+kafka:
+  bootstrap_servers: ${KAFKA_BOOTSTRAP}
+  properties: { session.timeout.ms: 6000, heartbeat.interval.ms: 1000, max.poll.interval.ms: 6000 }
+processing: { commit_interval_ms: 100 }
+state: { dir: "${TALLY_STATE_DIR}" }
+sources:
+  payments: { topic: "${TALLY_INPUT_TOPIC}" }
+pipelines:
+  - name: payments
+    from: payments
+    key: "{payment_id}:{status}"
+    routes:
+      - when: { event_type: "payment.*" }
+        strategy: ignore
+    to: { topic: "${TALLY_OUTPUT_TOPIC}", key: "{payment_id}" }
+dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
+trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
+reconcile: { alerts_topic: "${TALLY_ALERTS_TOPIC}", scan_interval: 1s, threshold: 8s }
+"#;
+    let names = Names::new("fault-zombie");
+    create_topics(&[
+        (&names.input, 1),
+        (&names.output, 1),
+        (&names.dlq, 1),
+        (&names.trace, 1),
+        (&names.alerts, 1),
+    ]);
+    let stuck = ["erp/0/1", "erp/0/2", "erp/0/3"];
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let received: Vec<generator::GeneratedRecord> = stuck
+        .iter()
+        .map(|id| {
+            let value = serde_json::json!({
+                "format": "tally.trace/v1", "event_id": id, "idempotency_key": format!("{id}:key"),
+                "correlation_id": format!("corr-{id}"), "node": "erp-sink", "status": "RECEIVED",
+                "outcome": null, "timestamp_ms": now_ms,
+            });
+            generator::GeneratedRecord {
+                key: id.as_bytes().to_vec(),
+                payload: value.to_string().into_bytes(),
+                headers: vec![],
+            }
+        })
+        .collect();
+    produce(&names.trace, &received);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    // About 3 s after its tasks open, well before the 8 s threshold.
+    let faults = [("TALLY_FAULTS", "zombie_tick@30".to_string())];
+    let a = Tally::start_yaml_with(YAML, &names, dir.path(), "a", &faults);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !a
+        .lines()
+        .iter()
+        .any(|l| l["message"] == "task ready" && l["task"] == "reconcile-0")
+    {
+        assert!(Instant::now() < deadline, "a opened the reconciler task");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let b = Tally::start_yaml(YAML, &names, dir.path(), "b");
+    // a freezes for 30 s; b owns the task from about 6 s in and alerts at the threshold.
+    std::thread::sleep(tally::engine::faults::FREEZE + Duration::from_secs(10));
+    let a_lines = a.stop();
+    b.stop();
+    assert!(
+        a_lines
+            .iter()
+            .any(|l| l["message"] == "injecting a fault (TALLY_FAULTS)" && l["fault"] == "zombie_tick"),
+        "the fault fired"
+    );
+    let mut alerted: BTreeMap<String, usize> = BTreeMap::new();
+    for m in read_committed(&names.alerts, stuck.len(), Duration::from_secs(10)) {
+        use rdkafka::Message;
+        let alert: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default()).expect("alert is JSON");
+        *alerted
+            .entry(alert["event_id"].as_str().unwrap_or_default().to_string())
+            .or_default() += 1;
+    }
+    let expected: BTreeMap<String, usize> = stuck.iter().map(|id| (id.to_string(), 1)).collect();
+    assert_eq!(
+        alerted, expected,
+        "each stuck event alerted once, by the member that owned the task"
+    );
+}

@@ -18,13 +18,23 @@ pub enum Point {
     /// A record fails with an internal error after its store changes went to the changelog,
     /// before its output: the transaction holds half a record.
     RecordFailsMidway,
+    /// The stream thread freezes for [`FREEZE`] (as a SIGSTOPped process would, but librdkafka's
+    /// threads go on and the group moves its partitions), then ticks its tasks and commits
+    /// before it polls: a zombie whose timers run before it learns its partitions were lost.
+    /// Counted over housekeeping passes of a thread that has tasks.
+    ZombieTick,
 }
 
+/// How long [`Point::ZombieTick`] freezes the stream thread: past any `max.poll.interval.ms` a
+/// test sets, so the group has moved on when it wakes.
+pub const FREEZE: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Point {
-    const ALL: [Point; 3] = [
+    const ALL: [Point; 4] = [
         Point::CommitAbortable,
         Point::CommitOutcomeUnknown,
         Point::RecordFailsMidway,
+        Point::ZombieTick,
     ];
 
     fn name(self) -> &'static str {
@@ -32,6 +42,7 @@ impl Point {
             Point::CommitAbortable => "commit_abortable",
             Point::CommitOutcomeUnknown => "commit_outcome_unknown",
             Point::RecordFailsMidway => "record_fails_midway",
+            Point::ZombieTick => "zombie_tick",
         }
     }
 }
@@ -43,7 +54,7 @@ struct Armed {
 
 struct Faults {
     armed: Vec<Armed>,
-    counts: [AtomicU64; 3],
+    counts: [AtomicU64; 4],
 }
 
 fn faults() -> &'static Faults {

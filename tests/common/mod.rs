@@ -324,12 +324,27 @@ impl Tally {
     /// Writes `yaml` (which names the test's topics as `${TALLY_INPUT_TOPIC}` etc., like the
     /// examples) into `state` and runs it.
     pub fn start_yaml(yaml: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
+        Self::start_yaml_with(yaml, names, state, instance_id, &[])
+    }
+
+    /// [`Tally::start_yaml`] with more environment (`TALLY_FAULTS`, say).
+    pub fn start_yaml_with(
+        yaml: &str,
+        names: &Names,
+        state: &Path,
+        instance_id: &str,
+        extra: &[(&str, String)],
+    ) -> Self {
         let path = state.join(format!("{instance_id}.yaml"));
         std::fs::write(&path, yaml).expect("write topology");
-        Self::start_file(&path, names, state, instance_id)
+        Self::start_file_with(&path, names, state, instance_id, extra)
     }
 
     fn start_file(path: &Path, names: &Names, state: &Path, instance_id: &str) -> Self {
+        Self::start_file_with(path, names, state, instance_id, &[])
+    }
+
+    fn start_file_with(path: &Path, names: &Names, state: &Path, instance_id: &str, extra: &[(&str, String)]) -> Self {
         // Each instance has a state directory of its own, as on separate hosts.
         let state_dir = state.join(format!("state-{instance_id}")).display().to_string();
         let env = [
@@ -344,6 +359,7 @@ impl Tally {
             ("TALLY_TRACE_TOPIC", names.trace.clone()),
             ("TALLY_ALERTS_TOPIC", names.alerts.clone()),
         ];
+        let env: Vec<(&str, String)> = env.into_iter().chain(extra.iter().cloned()).collect();
         Self::start_with_env(path, instance_id, state.join(format!("{instance_id}.log")), &env)
     }
 

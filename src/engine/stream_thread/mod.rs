@@ -7,6 +7,7 @@ mod rebalance;
 use super::clients;
 use super::emit::ProcessError;
 use super::errors::{classify, EngineError, ErrorClass, TxnStep};
+use super::faults::{self, Point};
 use super::group_watch::RejoinRequests;
 use super::layout::TaskLayout;
 use super::producer::TxnProducer;
@@ -172,7 +173,11 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
         let now = Instant::now();
         if now.duration_since(st.last_housekeeping) >= HOUSEKEEPING {
             st.last_housekeeping = now;
-            st.tick(consumer)?;
+            if !st.tasks.is_empty() && faults::hit(Point::ZombieTick) {
+                st.zombie_tick(consumer)?;
+            } else {
+                st.tick(consumer)?;
+            }
             st.report_stores();
         }
         if st.commit_due(now) {
@@ -450,6 +455,16 @@ impl ThreadState {
                 Err(ProcessError::Engine(e)) => return Err(e),
                 Err(ProcessError::Kafka(e)) => return self.recover(consumer, e, TxnStep::Produce),
             }
+        }
+        Ok(())
+    }
+
+    /// The [`Point::ZombieTick`] fault: freezes, then ticks and commits without polling first.
+    fn zombie_tick(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        std::thread::sleep(faults::FREEZE);
+        self.tick(consumer)?;
+        if matches!(self.txn.phase(), Phase::Open { .. }) {
+            self.commit(consumer)?;
         }
         Ok(())
     }
