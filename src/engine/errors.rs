@@ -17,13 +17,15 @@ pub enum ErrorClass {
 
 /// Classifies an error from a producer, consumer or transaction call.
 pub fn classify(err: &KafkaError) -> ErrorClass {
+    if err
+        .rdkafka_error_code()
+        .is_some_and(|code| is_fencing(code) || is_stale_membership(code))
+    {
+        return ErrorClass::Fenced;
+    }
     if let KafkaError::Transaction(e) = err {
         if e.is_fatal() {
-            return if is_fencing(e.code()) {
-                ErrorClass::Fenced
-            } else {
-                ErrorClass::Fatal
-            };
+            return ErrorClass::Fatal;
         }
         if e.txn_requires_abort() {
             return ErrorClass::Abortable;
@@ -33,7 +35,6 @@ pub fn classify(err: &KafkaError) -> ErrorClass {
         }
     }
     match err.rdkafka_error_code() {
-        Some(code) if is_fencing(code) => ErrorClass::Fenced,
         Some(
             RDKafkaErrorCode::QueueFull
             | RDKafkaErrorCode::RequestTimedOut
@@ -48,8 +49,6 @@ pub fn classify(err: &KafkaError) -> ErrorClass {
         ) => ErrorClass::Retriable,
         Some(
             RDKafkaErrorCode::RebalanceInProgress
-            | RDKafkaErrorCode::IllegalGeneration
-            | RDKafkaErrorCode::UnknownMemberId
             | RDKafkaErrorCode::MessageSizeTooLarge
             | RDKafkaErrorCode::InvalidRecord
             // A produce refused because the transaction hit an abortable error (a fatal error
@@ -69,6 +68,19 @@ fn is_fencing(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::InvalidProducerEpoch
             | RDKafkaErrorCode::Fenced
             | RDKafkaErrorCode::FencedInstanceId
+    )
+}
+
+/// The group no longer knows this consumer as the member it was: a transaction's offsets
+/// refused for its member id, generation or static instance id. Kafka's producer raises these as
+/// `CommitFailedException` and Kafka Streams makes them a task migration. Aborting and going on
+/// would keep the tasks and their read positions, and the group may have handed the partitions
+/// to a member that committed past them since (a chaos run with two threads per instance caught
+/// a woken zombie, rejoined under a new member id, committing from its old position: cause 7).
+fn is_stale_membership(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::FencedInstanceId
     )
 }
 
@@ -182,6 +194,19 @@ mod tests {
             recovery(fenced, TxnStep::EndTxn),
             Recovery::Restart(EngineError::TaskMigrated(_))
         ));
+        for stale in [
+            RDKafkaErrorCode::UnknownMemberId,
+            RDKafkaErrorCode::IllegalGeneration,
+            RDKafkaErrorCode::FencedInstanceId,
+        ] {
+            assert!(
+                matches!(
+                    recovery(KafkaError::MessageProduction(stale), TxnStep::SendOffsets),
+                    Recovery::Restart(EngineError::TaskMigrated(_))
+                ),
+                "{stale:?}: the group moved on, the tasks go (never abort and keep their positions)"
+            );
+        }
         let denied = KafkaError::MessageProduction(RDKafkaErrorCode::TransactionalIdAuthorizationFailed);
         assert!(matches!(
             recovery(denied, TxnStep::Produce),

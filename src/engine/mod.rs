@@ -10,6 +10,7 @@ pub mod group_watch;
 pub mod headers;
 pub mod health;
 pub mod layout;
+pub mod member_id;
 pub mod membership;
 pub mod producer;
 pub mod purge;

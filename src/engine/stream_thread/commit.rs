@@ -4,6 +4,7 @@
 use super::{StreamContext, ThreadState, KAFKA_TIMEOUT, MAX_RECORDS_PER_TRANSACTION, POLL};
 use crate::engine::emit::{Counts, ProcessError};
 use crate::engine::errors::{recovery, EngineError, Recovery, TxnStep};
+use crate::engine::member_id;
 use crate::engine::task::Task;
 use crate::engine::txn::Phase;
 use crate::metrics::Metrics;
@@ -81,6 +82,16 @@ impl ThreadState {
             }
             Phase::Idle if !self.producer.in_transaction() => return Ok(()),
             Phase::Idle | Phase::Open { .. } => {}
+        }
+        // A rejoin under a new member id that librdkafka has not reported yet (its assign
+        // callback comes with a later poll) would commit positions the group may have moved on
+        // from, under a generation that is valid (see member_id.rs).
+        let member = member_id::of(consumer);
+        if member != self.member {
+            return Err(EngineError::TaskMigrated(format!(
+                "the group member id changed from `{}` to `{member}` under the open transaction",
+                self.member
+            )));
         }
         let flushed = self.tasks.values_mut().try_for_each(|t| t.flush(&mut self.producer));
         if let Err(e) = flushed {

@@ -120,6 +120,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         txn: Txn::default(),
         unproducible: HashSet::new(),
         restore: RestoreSettings::of(t),
+        member: String::new(),
         failure: None,
         to_open: Vec::new(),
         joined: false,
@@ -227,6 +228,8 @@ struct ThreadState {
     /// when they come again after the abort. Cleared at every commit.
     unproducible: HashSet<(String, i32, i64)>,
     restore: RestoreSettings,
+    /// The group member id the tasks were assigned under (empty before the first assignment).
+    member: String,
     failure: Option<EngineError>,
     /// Assigned partitions whose tasks are still to open and restore.
     to_open: Vec<(String, i32)>,

@@ -3,6 +3,7 @@
 
 use super::ThreadState;
 use crate::engine::errors::EngineError;
+use crate::engine::member_id;
 use crate::metrics::consumer_lag::ConsumerLag;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::ClientContext;
@@ -67,6 +68,20 @@ impl ConsumerContext for StreamContext {
                 }
             }
             Rebalance::Assign(tpl) => {
+                let member = member_id::of(consumer);
+                if member != st.member && (!st.tasks.is_empty() || !st.to_open.is_empty()) {
+                    // librdkafka kept the partitions over a rejoin under a new member id: the
+                    // group may have given them to another member meanwhile (see member_id.rs).
+                    tracing::warn!(
+                        previous = %st.member,
+                        member = %member,
+                        "rejoined the group under a new member id with partitions still assigned; treating them as lost"
+                    );
+                    let lost = EngineError::TaskMigrated("member id changed with partitions still assigned".into());
+                    st.poison(&lost);
+                    st.failure.get_or_insert(lost);
+                }
+                st.member = member;
                 let parts: Vec<String> = tpl
                     .elements()
                     .iter()
