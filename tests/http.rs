@@ -120,3 +120,25 @@ dead_letter: {{ topic: {dlq} }}
         "it says what it waits for"
     );
 }
+
+#[test]
+fn an_http_address_in_use_stops_tally_at_start_with_the_fix() {
+    let names = Names::new("http-in-use");
+    create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("address").to_string();
+    let env = [("TALLY_HTTP_ADDRESS", addr.clone())];
+    let mut tally = Tally::start_with_env(&topology, "i1", dir.path().join("tally.log"), &env);
+    let status = tally.exit_within(Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "exits non-zero at start, not when it stops: {status:?}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("tally.log")).expect("log");
+    assert!(
+        log.contains(&format!("cannot listen on {addr}")) && log.contains("--http-address"),
+        "names the address and the fix: {log}"
+    );
+}

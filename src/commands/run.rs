@@ -38,10 +38,14 @@ pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> 
         stall_limit,
     ));
     rt.block_on(async {
-        let server = http_address.map(|addr| {
-            let server = crate::http::serve(addr, metrics.clone(), health.clone(), shutdown.clone());
-            tokio::spawn(server)
-        });
+        let server = match http_address {
+            Some(addr) => {
+                let listener = crate::http::bind(addr).await?;
+                let server = crate::http::serve(listener, metrics.clone(), health.clone(), shutdown.clone());
+                Some(tokio::spawn(server))
+            }
+            None => None,
+        };
         let result = engine::run(
             topology.clone(),
             instance_id,

@@ -13,6 +13,7 @@ use prometheus::{Encoder, TextEncoder};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpListener;
 
 #[derive(Clone)]
 struct AppState {
@@ -20,16 +21,27 @@ struct AppState {
     health: Arc<Health>,
 }
 
-/// Serves the endpoints on `addr` until `shutdown` is triggered.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>, health: Arc<Health>, shutdown: Shutdown) -> Result<()> {
+/// Listens on `addr`: done before the engine starts, so an address in use stops tally at once
+/// instead of surfacing when it shuts down.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for /metrics and /health; choose another --http-address"))
+}
+
+/// Serves the endpoints on `listener` until `shutdown` is triggered.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: Shutdown,
+) -> Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
         .with_state(AppState { metrics, health });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for /metrics; choose another --http-address"))?;
+    let addr = listener.local_addr().context("reading the HTTP listener's address")?;
     tracing::info!(%addr, "serving /metrics, /health/live and /health/ready");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
