@@ -142,3 +142,70 @@ fn an_http_address_in_use_stops_tally_at_start_with_the_fix() {
         "names the address and the fix: {log}"
     );
 }
+
+/// Open file descriptors of a process (Linux).
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+#[test]
+fn silent_and_surplus_http_clients_neither_hold_connections_nor_use_up_file_descriptors() {
+    use std::io::Read;
+    use tally::http::{HEADER_TIMEOUT, MAX_CONNECTIONS};
+    let names = Names::new("http-hostile");
+    create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let addr = free_address();
+    let env = [("TALLY_HTTP_ADDRESS", addr.clone())];
+    let tally = Tally::start_with_env(&topology, "i1", dir.path().join("tally.log"), &env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(&addr, "/health/ready").map(|(c, _)| c) != Some(200) {
+        assert!(Instant::now() < deadline, "the instance gets ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Its stores and Kafka connections are open by now.
+    std::thread::sleep(Duration::from_secs(2));
+    let before = open_fds(tally.pid());
+
+    // Three times the limit of clients that connect and never send a request.
+    let mut silent: Vec<std::net::TcpStream> = (0..3 * MAX_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let during = open_fds(tally.pid());
+    assert!(
+        during <= before + MAX_CONNECTIONS + 2,
+        "at most {MAX_CONNECTIONS} connections are taken in: {before} descriptors before, {during} with {} silent clients",
+        silent.len()
+    );
+
+    // Each is disconnected once the header timeout passes, and the endpoints answer again.
+    let first = &mut silent[0];
+    first
+        .set_read_timeout(Some(HEADER_TIMEOUT + Duration::from_secs(10)))
+        .expect("timeout");
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let read = first.read(&mut buf);
+    let closed = match &read {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(closed, "the server closed the silent connection: {read:?}");
+    assert!(
+        started.elapsed() < HEADER_TIMEOUT + Duration::from_secs(5),
+        "closed by the header timeout ({:?})",
+        started.elapsed()
+    );
+    drop(silent);
+    let deadline = Instant::now() + HEADER_TIMEOUT + Duration::from_secs(15);
+    while http_get(&addr, "/health/live").map(|(c, _)| c) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "the endpoints answer once the silent clients are gone"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    tally.stop();
+}

@@ -9,11 +9,15 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use prometheus::{Encoder, TextEncoder};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 #[derive(Clone)]
 struct AppState {
@@ -29,6 +33,15 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr} for /metrics and /health; choose another --http-address"))
 }
 
+/// Connections served at once; more wait in the kernel's backlog. A scraper and two probes need
+/// a handful, and each connection holds a file descriptor that the Kafka clients and RocksDB
+/// need too.
+pub const MAX_CONNECTIONS: usize = 32;
+/// How long a client has to send a request's headers before it is disconnected.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one connection may last, requests and idle time together.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+
 /// Serves the endpoints on `listener` until `shutdown` is triggered.
 pub async fn serve(
     listener: TcpListener,
@@ -43,14 +56,40 @@ pub async fn serve(
         .with_state(AppState { metrics, health });
     let addr = listener.local_addr().context("reading the HTTP listener's address")?;
     tracing::info!(%addr, "serving /metrics, /health/live and /health/ready");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            while !shutdown.is_triggered() {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-        .await
-        .context("HTTP server failed")
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let stopped = || async {
+        while !shutdown.is_triggered() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => permit.context("the connection limit closed")?,
+            () = stopped() => return Ok(()),
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, say: back off instead of spinning.
+                    tracing::warn!(error = %e, "accepting an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = stopped() => return Ok(()),
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            // Errors (a client gone, a timeout) end only that connection.
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, connection).await;
+            drop(permit);
+        });
+    }
 }
 
 async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {

@@ -441,6 +441,11 @@ impl Tally {
     }
 
     /// The log file.
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> &Path {
         &self.log
     }
