@@ -41,6 +41,9 @@ enum Command {
     Describe {
         /// The topology YAML file.
         topology: PathBuf,
+        /// Output: text, or a graph of topics, steps and stores (mermaid, dot).
+        #[arg(long, value_enum, default_value_t)]
+        format: commands::describe::Format,
     },
     /// Run the payments topology on an in-process mock Kafka (no broker needed; not exactly-once).
     Demo {
@@ -96,7 +99,7 @@ fn main() -> ExitCode {
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
         Command::Redrive(args) => commands::redrive::redrive(&args),
         Command::Inspect(args) => commands::inspect::inspect(&args),
-        Command::Describe { topology } => commands::describe::describe_file(&topology)
+        Command::Describe { topology, format } => commands::describe::describe_file(&topology, format)
             .map(|text| print!("{text}"))
             .map(|()| true)
             .map_err(anyhow::Error::new),

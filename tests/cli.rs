@@ -32,6 +32,15 @@ fn every_example_topology_validates_and_describes() {
             text.contains("-changelog"),
             "describe names the changelog topics: {text}"
         );
+        for (format, head) in [("mermaid", "flowchart LR"), ("dot", "digraph ")] {
+            let out = tally(&["describe", "--format", format, f]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let graph = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                graph.starts_with(head) && graph.contains("-changelog"),
+                "{format} of {f}: {graph}"
+            );
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! Built only by `config::load`, so everything here has already been checked.
 
 pub mod describe;
+pub mod diagram;
 pub mod template;
 
 use globset::GlobMatcher;
