@@ -119,3 +119,84 @@ fn a_restore_does_not_read_around_a_transaction_that_never_finishes() {
     assert_eq!(report.restored, 3, "an aborted transaction's records are not restored");
     assert!(has(&store, "k2") && !has(&store, "k3"));
 }
+
+/// At startup a task's changelog partition holds another producer's open transaction: tally
+/// commits its no-op to the partition (which closes only a transaction of its own producer id),
+/// does not restore around the open one, and processes once it has finished.
+#[test]
+fn a_task_whose_changelog_has_a_transaction_open_waits_for_it_before_processing() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use tally::demo::generator;
+
+    let names = Names::new("restore-settle");
+    create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
+    let changelog = names.changelog("payments");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .expect("admin");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let compacted = NewTopic::new(&changelog, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    for r in rt
+        .block_on(admin.create_topics(&[compacted], &AdminOptions::new()))
+        .expect("create")
+    {
+        r.expect("changelog created");
+    }
+    // Another producer's transaction, open on the changelog, with a key no store uses.
+    let foreign: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", format!("{changelog}-foreign"))
+        .create()
+        .expect("producer");
+    let timeout = Duration::from_secs(30);
+    foreign.init_transactions(timeout).expect("init");
+    foreign.begin_transaction().expect("begin");
+    foreign
+        .send(
+            BaseRecord::<[u8], [u8]>::to(&changelog)
+                .key(b"\xfeforeign".as_slice())
+                .partition(0),
+        )
+        .expect("send");
+    foreign.flush(timeout).expect("flush");
+
+    let gen = generator::payments(50, 0, 0, 5);
+    produce(&names.input, &gen.records);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tally.lines().iter().any(|l| {
+        l["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("a transaction stayed open on the changelog"))
+    }) {
+        assert!(Instant::now() < deadline, "tally committed its no-op to the changelog");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        read_committed(&names.output, 1, Duration::from_secs(2)).len(),
+        0,
+        "nothing processed while the changelog has a transaction open"
+    );
+
+    foreign.commit_transaction(timeout).expect("commit");
+    let out = read_committed(&names.output, gen.expected_keys.len(), Duration::from_secs(60));
+    let lines = tally.stop();
+    assert_eq!(
+        out.len(),
+        gen.expected_keys.len(),
+        "every payment once, after the transaction finished"
+    );
+    assert!(
+        !events(&lines, "restore finished").is_empty(),
+        "the task restored its store"
+    );
+}
