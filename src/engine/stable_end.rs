@@ -31,30 +31,6 @@ pub struct StableEnd {
     pub high: i64,
 }
 
-/// True when a transaction is open below the partition's log end (its last stable offset is
-/// short of it). `config` is a read_committed consumer's configuration.
-pub fn transaction_open(config: &ClientConfig, topic: &str, partition: i32) -> Result<bool> {
-    let committed: BaseConsumer = config
-        .create()
-        .context("cannot create a consumer to read the last stable offset")?;
-    let (_, log_end) = log_end_consumer(config)?
-        .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
-        .with_context(|| format!("cannot read the log end of `{topic}` partition {partition}"))?;
-    let (_, stable) = committed
-        .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
-        .with_context(|| format!("cannot read the last stable offset of `{topic}` partition {partition}"))?;
-    Ok(stable < log_end)
-}
-
-/// A read_uncommitted consumer like `config`'s, whose end is the log end.
-fn log_end_consumer(config: &ClientConfig) -> Result<BaseConsumer> {
-    let mut uncommitted = config.clone();
-    uncommitted.set("isolation.level", "read_uncommitted");
-    uncommitted
-        .create()
-        .context("cannot create a consumer to read the log end")
-}
-
 /// Waits (up to `limit`, calling `progress` while it waits) until no transaction is open below
 /// the log end of `topic`/`partition` as of the call, and returns that end. `committed` is a
 /// read_committed consumer; `config` its configuration, from which a read_uncommitted one is
@@ -67,7 +43,12 @@ pub fn wait(
     limit: Duration,
     progress: &dyn Fn(),
 ) -> Result<StableEnd> {
-    let (low, log_end) = log_end_consumer(config)?
+    let mut uncommitted_config = config.clone();
+    uncommitted_config.set("isolation.level", "read_uncommitted");
+    let uncommitted: BaseConsumer = uncommitted_config
+        .create()
+        .context("cannot create a consumer to read the log end")?;
+    let (low, log_end) = uncommitted
         .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
         .with_context(|| format!("cannot read the log end of `{topic}` partition {partition}"))?;
     let started = Instant::now();

@@ -15,7 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
 
 /// How long a commit of writes alone may wait for the group's committed offsets.
-pub(super) const FENCE_LOOKUP: Duration = Duration::from_secs(10);
+const FENCE_LOOKUP: Duration = Duration::from_secs(10);
 
 impl ThreadState {
     /// A task could not write: a failed produce aborts the transaction and rewinds when Kafka

@@ -3,7 +3,6 @@
 
 mod commit;
 mod rebalance;
-mod settle;
 
 use super::clients;
 use super::emit::ProcessError;
@@ -265,7 +264,6 @@ impl ThreadState {
         }
         while let Some((topic, partition)) = self.to_open.pop() {
             if !self.tasks.contains_key(&(topic.clone(), partition)) {
-                self.settle_changelogs(consumer, &topic, partition);
                 let task = self.open_task(&topic, partition);
                 self.cfg.health.restoring(-1);
                 self.tasks.insert((topic, partition), task?);
