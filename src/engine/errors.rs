@@ -72,15 +72,17 @@ fn is_fencing(code: RDKafkaErrorCode) -> bool {
 }
 
 /// The group no longer knows this consumer as the member it was: a transaction's offsets
-/// refused for its member id, generation or static instance id. Kafka's producer raises these as
-/// `CommitFailedException` and Kafka Streams makes them a task migration. Aborting and going on
-/// would keep the tasks and their read positions, and the group may have handed the partitions
-/// to a member that committed past them since (a chaos run with two threads per instance caught
-/// a woken zombie, rejoined under a new member id, committing from its old position: cause 7).
+/// refused for its member id or generation (a static instance id taken over is fencing above).
+/// Kafka's producer raises these as `CommitFailedException` and Kafka Streams makes them a task
+/// migration. Aborting and going on would keep the tasks and their read positions, and the group
+/// may have handed the partitions to a member that committed past them since (a chaos run with
+/// two threads per instance caught a woken zombie, rejoined under a new member id, committing
+/// from its old position: cause 7). Checked before librdkafka's own abortable flag, which these
+/// carry.
 fn is_stale_membership(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
-        RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::FencedInstanceId
+        RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::IllegalGeneration
     )
 }
 
