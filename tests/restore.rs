@@ -59,7 +59,7 @@ fn run(store: &mut TaskStore, config: &ClientConfig, topic: &str, limit: Duratio
         config: config.clone(),
         open_transaction_limit: limit,
     };
-    restore(&settings, store, 0, topic, 0, &metrics, &|| {})
+    restore(&settings, store, 0, topic, 0, &metrics, &|| true)
 }
 
 fn has(store: &TaskStore, key: &str) -> bool {
@@ -118,4 +118,27 @@ fn a_restore_does_not_read_around_a_transaction_that_never_finishes() {
     let report = run(&mut store, &config, &topic, limit).expect("restores once it finished");
     assert_eq!(report.restored, 3, "an aborted transaction's records are not restored");
     assert!(has(&store, "k2") && !has(&store, "k3"));
+}
+
+#[test]
+fn a_stop_request_ends_a_restore_that_waits_for_an_open_transaction() {
+    let names = Names::new("restore-stop");
+    let topic = names.changelog("p");
+    let _producer = changelog_with_an_open_transaction(&topic);
+    let config = restore_config(&names.app);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::default()).expect("store");
+    let settings = RestoreSettings {
+        config,
+        open_transaction_limit: Duration::from_secs(60),
+    };
+    let metrics = Metrics::new("restore-test").expect("metrics");
+    let started = Instant::now();
+    let err = restore(&settings, &mut store, 0, &topic, 0, &metrics, &|| false).expect_err("stopped");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a stopping instance does not wait out the limit ({:?})",
+        started.elapsed()
+    );
+    assert!(format!("{err:#}").contains("stopping"), "{err:#}");
 }

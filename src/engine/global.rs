@@ -41,8 +41,9 @@ pub fn start(
     let limit = clients::open_transaction_limit(t);
     let mut ends = HashMap::new();
     for p in 0..partitions {
-        let StableEnd { low, high } = stable_end::wait(&consumer, &config, topic, p, limit, &|| {})
-            .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
+        let StableEnd { low, high } =
+            stable_end::wait(&consumer, &config, topic, p, limit, &|| !shutdown.is_triggered())
+                .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
         ends.insert(p, (low, high));
     }
     let starts = resume_points(&global, topic, &ends)?;

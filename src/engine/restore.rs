@@ -49,7 +49,8 @@ impl RestoreSettings {
 }
 
 /// Restores store `index` of `store` from `topic`/`partition`, to the changelog's end once no
-/// transaction is open below it.
+/// transaction is open below it. `progress` is called as it goes and returns false when the
+/// instance is stopping, which ends the restore with an error.
 pub fn restore(
     settings: &RestoreSettings,
     store: &mut TaskStore,
@@ -57,7 +58,7 @@ pub fn restore(
     topic: &str,
     partition: i32,
     metrics: &Metrics,
-    progress: &dyn Fn(),
+    progress: &dyn Fn() -> bool,
 ) -> Result<RestoreReport> {
     let started = Instant::now();
     let name = store.name(index).to_string();
@@ -91,8 +92,10 @@ pub fn restore(
         // whether it is reached (asking for the position per record costs more than the restore).
         let mut done = false;
         while !done {
-            // A long restore is progress, not a stuck thread.
-            progress();
+            // A long restore is progress, not a stuck thread; a stop request ends it.
+            if !progress() {
+                bail!("stopping while restoring `{topic}` partition {partition}");
+            }
             match consumer.poll(Duration::from_millis(100)) {
                 Some(Ok(m)) => {
                     done = m.offset() + 1 >= high;

@@ -31,7 +31,8 @@ pub struct StableEnd {
     pub high: i64,
 }
 
-/// Waits (up to `limit`, calling `progress` while it waits) until no transaction is open below
+/// Waits (up to `limit`, calling `progress` while it waits, and giving up as soon as it returns
+/// false: the instance is stopping) until no transaction is open below
 /// the log end of `topic`/`partition` as of the call, and returns that end. `committed` is a
 /// read_committed consumer; `config` its configuration, from which a read_uncommitted one is
 /// made to learn the log end.
@@ -41,7 +42,7 @@ pub fn wait(
     topic: &str,
     partition: i32,
     limit: Duration,
-    progress: &dyn Fn(),
+    progress: &dyn Fn() -> bool,
 ) -> Result<StableEnd> {
     let mut uncommitted_config = config.clone();
     uncommitted_config.set("isolation.level", "read_uncommitted");
@@ -90,7 +91,9 @@ pub fn wait(
                 "a transaction is open on the partition; waiting for it to finish before reading to the end"
             );
         }
-        progress();
+        if !progress() {
+            bail!("stopping while waiting for a transaction open on `{topic}` partition {partition}");
+        }
         std::thread::sleep(RECHECK);
     }
 }

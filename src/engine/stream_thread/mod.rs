@@ -360,7 +360,10 @@ impl ThreadState {
                     changelog,
                     partition,
                     &self.cfg.metrics,
-                    &|| self.cfg.health.beat(self.cfg.index),
+                    &|| {
+                        self.cfg.health.beat(self.cfg.index);
+                        !self.cfg.shutdown.is_triggered()
+                    },
                 )
                 .with_context(|| format!("restoring task {}", layout.name))
                 .map_err(fatal)?;
