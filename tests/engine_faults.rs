@@ -160,24 +160,10 @@ reconcile: { alerts_topic: "${TALLY_ALERTS_TOPIC}", scan_interval: 1s, threshold
         (&names.alerts, 1),
     ]);
     let stuck = ["erp/0/1", "erp/0/2", "erp/0/3"];
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
+    let at = now_ms();
     let received: Vec<generator::GeneratedRecord> = stuck
         .iter()
-        .map(|id| {
-            let value = serde_json::json!({
-                "format": "tally.trace/v1", "event_id": id, "idempotency_key": format!("{id}:key"),
-                "correlation_id": format!("corr-{id}"), "node": "erp-sink", "status": "RECEIVED",
-                "outcome": null, "timestamp_ms": now_ms,
-            });
-            generator::GeneratedRecord {
-                key: id.as_bytes().to_vec(),
-                payload: value.to_string().into_bytes(),
-                headers: vec![],
-            }
-        })
+        .map(|id| trace_record(id, &format!("corr-{id}"), "RECEIVED", at))
         .collect();
     produce(&names.trace, &received);
 

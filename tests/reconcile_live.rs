@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use rdkafka::Message;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tally::demo::generator::{self, GeneratedRecord};
 
 const SCAN_MS: i64 = 1_000;
@@ -36,32 +36,6 @@ trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
 reconcile: { alerts_topic: "${TALLY_ALERTS_TOPIC}", scan_interval: 1s, threshold: 4s }
 "#;
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// A trace record as a downstream system would write it.
-fn trace(event_id: &str, correlation_id: &str, status: &str, at_ms: i64) -> GeneratedRecord {
-    let value = serde_json::json!({
-        "format": "tally.trace/v1",
-        "event_id": event_id,
-        "idempotency_key": format!("{event_id}:key"),
-        "correlation_id": correlation_id,
-        "node": "erp-sink",
-        "status": status,
-        "outcome": null,
-        "timestamp_ms": at_ms,
-    });
-    GeneratedRecord {
-        key: event_id.as_bytes().to_vec(),
-        payload: value.to_string().into_bytes(),
-        headers: vec![("correlation_id".into(), correlation_id.into())],
-    }
-}
-
 fn alerts(names: &Names, min: usize, timeout: Duration) -> Vec<serde_json::Value> {
     read_committed(&names.alerts, min, timeout)
         .iter()
@@ -89,9 +63,9 @@ fn an_unfinished_event_is_reported_within_one_scan_after_the_threshold_and_only_
     produce(
         &names.trace,
         &[
-            trace("erp/0/1", "corr-stuck", "RECEIVED", start),
-            trace("erp/0/2", "corr-done", "RECEIVED", start),
-            trace("erp/0/2", "corr-done", "COMPLETED", start + 10),
+            trace_record("erp/0/1", "corr-stuck", "RECEIVED", start),
+            trace_record("erp/0/2", "corr-done", "RECEIVED", start),
+            trace_record("erp/0/2", "corr-done", "COMPLETED", start + 10),
             GeneratedRecord {
                 key: b"garbage".to_vec(),
                 payload: b"{not json".to_vec(),
@@ -145,8 +119,8 @@ fn an_unfinished_event_is_reported_within_one_scan_after_the_threshold_and_only_
     produce(
         &names.trace,
         &[
-            trace("erp/0/1", "corr-stuck", "COMPLETED", later),
-            trace("erp/1/7", "corr-new", "PROCESSING", later),
+            trace_record("erp/0/1", "corr-stuck", "COMPLETED", later),
+            trace_record("erp/1/7", "corr-new", "PROCESSING", later),
         ],
     );
     let found = alerts(&names, 2, Duration::from_secs(60));

@@ -53,13 +53,38 @@ fn restore_config(app: &str) -> ClientConfig {
     c
 }
 
-fn run(store: &mut TaskStore, config: &ClientConfig, topic: &str, limit: Duration) -> anyhow::Result<RestoreReport> {
+/// A changelog with committed and open records (the producer that holds the open ones comes
+/// alongside), an empty store, and the restore consumer's configuration.
+struct Fixture {
+    topic: String,
+    store: TaskStore,
+    config: ClientConfig,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture(test: &str) -> (Fixture, BaseProducer) {
+    let names = Names::new(test);
+    let topic = names.changelog("p");
+    let producer = changelog_with_an_open_transaction(&topic);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::default()).expect("store");
+    let f = Fixture {
+        topic,
+        store,
+        config: restore_config(&names.app),
+        _dir: dir,
+    };
+    (f, producer)
+}
+
+/// Restores the fixture's store, waiting up to `limit`; `keep_going` answers whether to go on.
+fn run(f: &mut Fixture, limit: Duration, keep_going: &dyn Fn() -> bool) -> anyhow::Result<RestoreReport> {
     let metrics = Metrics::new("restore-test").expect("metrics");
     let settings = RestoreSettings {
-        config: config.clone(),
+        config: f.config.clone(),
         open_transaction_limit: limit,
     };
-    restore(&settings, store, 0, topic, 0, &metrics, &|| true)
+    restore(&settings, &mut f.store, 0, &f.topic, 0, &metrics, keep_going)
 }
 
 fn has(store: &TaskStore, key: &str) -> bool {
@@ -68,19 +93,13 @@ fn has(store: &TaskStore, key: &str) -> bool {
 
 #[test]
 fn a_restore_waits_for_a_transaction_open_on_its_changelog_and_reads_what_it_committed() {
-    let names = Names::new("restore-open-txn");
-    let topic = names.changelog("p");
-    let producer = changelog_with_an_open_transaction(&topic);
-    let config = restore_config(&names.app);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut store = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::default()).expect("store");
-
+    let (mut f, producer) = fixture("restore-open-txn");
     let committer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(2));
         producer.commit_transaction(Duration::from_secs(30)).expect("commit");
     });
     let started = Instant::now();
-    let report = run(&mut store, &config, &topic, Duration::from_secs(60)).expect("restores");
+    let report = run(&mut f, Duration::from_secs(60), &|| true).expect("restores");
     committer.join().expect("committer");
     assert!(
         started.elapsed() >= Duration::from_millis(1500),
@@ -91,50 +110,34 @@ fn a_restore_waits_for_a_transaction_open_on_its_changelog_and_reads_what_it_com
         report.restored, 5,
         "the records of the transaction that committed while it waited"
     );
-    assert!((0..5).all(|i| has(&store, &format!("k{i}"))));
+    assert!((0..5).all(|i| has(&f.store, &format!("k{i}"))));
 }
 
 #[test]
 fn a_restore_does_not_read_around_a_transaction_that_never_finishes() {
-    let names = Names::new("restore-hanging-txn");
-    let topic = names.changelog("p");
-    let producer = changelog_with_an_open_transaction(&topic);
-    let config = restore_config(&names.app);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut store = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::default()).expect("store");
-
+    let (mut f, producer) = fixture("restore-hanging-txn");
     let limit = Duration::from_secs(3);
     let started = Instant::now();
-    let err = run(&mut store, &config, &topic, limit).expect_err("a hanging transaction stops the restore");
+    let err = run(&mut f, limit, &|| true).expect_err("a hanging transaction stops the restore");
     assert!(started.elapsed() >= limit, "it waited the limit first");
     let text = format!("{err:#}");
     assert!(
-        text.contains("hanging transaction") && text.contains("find-hanging") && text.contains(&topic),
+        text.contains("hanging transaction") && text.contains("find-hanging") && text.contains(&f.topic),
         "the error names the partition and what to do: {text}"
     );
-    assert!(!has(&store, "k0"), "nothing restored: the store is not half-restored");
+    assert!(!has(&f.store, "k0"), "nothing restored: the store is not half-restored");
 
     producer.abort_transaction(Duration::from_secs(30)).expect("abort");
-    let report = run(&mut store, &config, &topic, limit).expect("restores once it finished");
+    let report = run(&mut f, limit, &|| true).expect("restores once it finished");
     assert_eq!(report.restored, 3, "an aborted transaction's records are not restored");
-    assert!(has(&store, "k2") && !has(&store, "k3"));
+    assert!(has(&f.store, "k2") && !has(&f.store, "k3"));
 }
 
 #[test]
 fn a_stop_request_ends_a_restore_that_waits_for_an_open_transaction() {
-    let names = Names::new("restore-stop");
-    let topic = names.changelog("p");
-    let _producer = changelog_with_an_open_transaction(&topic);
-    let config = restore_config(&names.app);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut store = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::default()).expect("store");
-    let settings = RestoreSettings {
-        config,
-        open_transaction_limit: Duration::from_secs(60),
-    };
-    let metrics = Metrics::new("restore-test").expect("metrics");
+    let (mut f, _producer) = fixture("restore-stop");
     let started = Instant::now();
-    let err = restore(&settings, &mut store, 0, &topic, 0, &metrics, &|| false).expect_err("stopped");
+    let err = run(&mut f, Duration::from_secs(60), &|| false).expect_err("stopped");
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "a stopping instance does not wait out the limit ({:?})",

@@ -529,3 +529,30 @@ impl Watcher {
 pub fn wait_for_count(topic: &str, n: usize, timeout: Duration) -> usize {
     Watcher::new(topic).wait_for(n, timeout)
 }
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A `tally.trace/v1` record as a downstream system (`erp-sink`) would write it.
+pub fn trace_record(event_id: &str, correlation_id: &str, status: &str, at_ms: i64) -> GeneratedRecord {
+    let value = serde_json::json!({
+        "format": "tally.trace/v1",
+        "event_id": event_id,
+        "idempotency_key": format!("{event_id}:key"),
+        "correlation_id": correlation_id,
+        "node": "erp-sink",
+        "status": status,
+        "outcome": null,
+        "timestamp_ms": at_ms,
+    });
+    GeneratedRecord {
+        key: event_id.as_bytes().to_vec(),
+        payload: value.to_string().into_bytes(),
+        headers: vec![("correlation_id".into(), correlation_id.into())],
+    }
+}
