@@ -15,6 +15,7 @@ pub mod membership;
 pub mod producer;
 pub mod purge;
 pub mod restore;
+pub mod settle;
 pub mod stable_end;
 pub mod standby;
 pub mod stream_thread;

@@ -162,11 +162,24 @@ impl TxnProducer {
         offsets: &TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<Delivered, (KafkaError, TxnStep)> {
+        self.finish(Some((offsets, group)))
+    }
+
+    /// Commits the records sent in the open transaction (opening one if needed) without
+    /// consumed offsets: nothing a group generation fences (see `super::settle`).
+    pub fn commit_writes(&mut self) -> Result<Delivered, (KafkaError, TxnStep)> {
+        self.finish(None)
+    }
+
+    fn finish(
+        &mut self,
+        consumed: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+    ) -> Result<Delivered, (KafkaError, TxnStep)> {
         self.begin().map_err(|e| (e, TxnStep::Produce))?;
         let started = Instant::now();
         self.await_deliveries();
         let delivered_at = Instant::now();
-        if offsets.count() > 0 {
+        if let Some((offsets, group)) = consumed.filter(|(offsets, _)| offsets.count() > 0) {
             retry(self.timeout, || {
                 self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
             })
@@ -196,7 +209,7 @@ impl TxnProducer {
             deliveries_us = delivered_at.duration_since(started).as_micros() as u64,
             offsets_us = offsets_at.duration_since(delivered_at).as_micros() as u64,
             commit_us = offsets_at.elapsed().as_micros() as u64,
-            offsets = %describe(offsets),
+            offsets = %consumed.map(|(offsets, _)| describe(offsets)).unwrap_or_default(),
             "transaction committed"
         );
         Ok(self.take_delivered())

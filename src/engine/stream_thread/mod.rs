@@ -13,6 +13,8 @@ use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore::{self, Rebuild, RestoreSettings};
+use super::settle;
+use super::stable_end::Hooks;
 use super::task::{PipelineTask, Sinks, Task, Work};
 use super::txn::{Phase, Txn};
 use super::Shutdown;
@@ -347,33 +349,12 @@ impl ThreadState {
         }
     }
 
-    fn open_task(&self, topic: &str, partition: i32) -> Result<Box<dyn Task>, EngineError> {
-        let t = &self.cfg.topology;
-        let fatal = |e: anyhow::Error| EngineError::Fatal(e);
-        let restored = |layout: &TaskLayout| -> Result<TaskStore, EngineError> {
-            let mut store = self.open_store(layout)?;
-            for (i, changelog) in layout.changelogs.iter().enumerate() {
-                restore::restore(
-                    &self.restore,
-                    &mut store,
-                    i,
-                    changelog,
-                    partition,
-                    &self.cfg.metrics,
-                    &|| {
-                        self.cfg.health.beat(self.cfg.index);
-                        !self.cfg.shutdown.is_triggered()
-                    },
-                )
-                .with_context(|| format!("restoring task {}", layout.name))
-                .map_err(fatal)?;
-            }
-            Ok(store)
-        };
+    fn open_task(&mut self, topic: &str, partition: i32) -> Result<Box<dyn Task>, EngineError> {
+        let t = self.cfg.topology.clone();
         if let (Some(settings), true) = (&t.reconcile, t.reconciled_topic() == Some(topic)) {
-            let layout = TaskLayout::of(t, topic, partition)
+            let layout = TaskLayout::of(&t, topic, partition)
                 .ok_or_else(|| EngineError::Fatal(anyhow!("no reconciler layout for `{topic}`")))?;
-            let store = restored(&layout)?;
+            let store = self.restored_store(&layout, partition)?;
             tracing::info!(task = %layout.name, topic, "task ready");
             return Ok(Box::new(ReconcileTask::new(
                 layout.name,
@@ -392,10 +373,10 @@ impl ThreadState {
         let work = match (stage, &pipeline.repartition) {
             (Stage::Repartition, Some(r)) => Work::Repartition { topic: r.topic.clone() },
             _ => {
-                let layout = TaskLayout::of(t, topic, partition)
+                let layout = TaskLayout::of(&t, topic, partition)
                     .ok_or_else(|| EngineError::Fatal(anyhow!("task {name} keeps no state")))?;
                 Work::Process {
-                    store: restored(&layout)?,
+                    store: self.restored_store(&layout, partition)?,
                     changelogs: layout.changelogs,
                     repartitioned: pipeline.repartition.is_some(),
                 }
@@ -420,6 +401,29 @@ impl ThreadState {
             sinks,
             t.processing.expiry_scan_interval,
         )))
+    }
+
+    /// The task's store, restored from its changelogs. A restore that waits for a transaction
+    /// open on a changelog partition commits a no-op there with this thread's producer, which
+    /// closes the transaction if it is this producer id's (see [`super::settle`]).
+    fn restored_store(&mut self, layout: &TaskLayout, partition: i32) -> Result<TaskStore, EngineError> {
+        let mut store = self.open_store(layout)?;
+        let (cfg, producer) = (&self.cfg, &mut self.producer);
+        for (i, changelog) in layout.changelogs.iter().enumerate() {
+            let progress = || {
+                cfg.health.beat(cfg.index);
+                !cfg.shutdown.is_triggered()
+            };
+            let mut settle = || settle::commit_no_op(producer, changelog, partition);
+            let hooks = Hooks {
+                progress: &progress,
+                settle: Some(&mut settle),
+            };
+            restore::restore(&self.restore, &mut store, i, changelog, partition, &cfg.metrics, hooks)
+                .with_context(|| format!("restoring task {}", layout.name))
+                .map_err(EngineError::Fatal)?;
+        }
+        Ok(store)
     }
 
     /// The task's store: the standby copy when this instance holds one, else opened from disk,
