@@ -218,3 +218,34 @@ fn store_keys(store: &TaskStore) -> Vec<Vec<u8>> {
         .map(|e| e.expect("entry").0.to_vec())
         .collect()
 }
+
+/// A stream thread writes a no-op to every changelog partition at its first commit, whether it
+/// owns the partition's task or not: a transaction its producer id left open there is closed
+/// by that commit, wherever the task went (src/engine/settle.rs).
+#[test]
+fn a_stream_thread_commits_a_no_op_to_every_changelog_partition() {
+    let names = Names::new("restore-no-op-sweep");
+    create_topics(&[(&names.input, 3), (&names.output, 1), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    let changelog = names.changelog("payments");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let with_no_op = loop {
+        let found: std::collections::BTreeSet<i32> = read_committed(&changelog, 0, Duration::from_secs(2))
+            .iter()
+            .filter(|m| m.key() == Some(NO_OP_KEY) && m.payload().is_none())
+            .map(|m| m.partition())
+            .collect();
+        if found.len() == 3 || Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    tally.stop();
+    assert_eq!(
+        with_no_op.into_iter().collect::<Vec<_>>(),
+        vec![0, 1, 2],
+        "a committed no-op tombstone on each partition of the changelog"
+    );
+}

@@ -176,6 +176,8 @@ impl TxnProducer {
         consumed: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
     ) -> Result<Delivered, (KafkaError, TxnStep)> {
         self.begin().map_err(|e| (e, TxnStep::Produce))?;
+        // Fault points count the commits of consumed work, not of no-ops.
+        let faults_apply = consumed.is_some();
         let started = Instant::now();
         self.await_deliveries();
         let delivered_at = Instant::now();
@@ -185,7 +187,7 @@ impl TxnProducer {
             })
             .map_err(|e| (e, TxnStep::SendOffsets))?;
         }
-        if faults::hit(Point::CommitAbortable) {
+        if faults_apply && faults::hit(Point::CommitAbortable) {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::RebalanceInProgress),
                 TxnStep::SendOffsets,
@@ -198,7 +200,7 @@ impl TxnProducer {
             self.producer.commit_transaction(END_TXN_CALL.min(self.timeout))
         })
         .map_err(|e| (e, TxnStep::EndTxn))?;
-        if faults::hit(Point::CommitOutcomeUnknown) {
+        if faults_apply && faults::hit(Point::CommitOutcomeUnknown) {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut),
                 TxnStep::EndTxn,

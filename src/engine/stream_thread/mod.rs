@@ -128,6 +128,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         joined: false,
         last_housekeeping: Instant::now(),
         lookup: (String::new(), 0),
+        sweep: settle::Sweep::default(),
     };
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
@@ -186,6 +187,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
         if st.commit_due(now) {
             st.commit(consumer)?;
         }
+        st.sweep_no_ops(consumer, now)?;
         wait = st.poll_wait(now);
         if cfg.rejoin.take(cfg.index) && rejoin_at.is_none() {
             // Unsubscribing revokes every task (committed in the callback) and then sends a
@@ -241,6 +243,8 @@ struct ThreadState {
     last_housekeeping: Instant,
     /// The (topic, partition) of the record being processed, reused across records.
     lookup: (String, i32),
+    /// The periodic no-ops on every changelog partition (see [`settle`]).
+    sweep: settle::Sweep,
 }
 
 impl Drop for ThreadState {
@@ -477,6 +481,18 @@ impl ThreadState {
             self.commit(consumer)?;
         }
         Ok(())
+    }
+
+    /// Commits the periodic no-ops between two transactions once this thread has joined the
+    /// group: a transaction of this producer id that the broker left open on a changelog
+    /// partition is closed, whoever owns the partition's task now (see [`settle`]).
+    fn sweep_no_ops(&mut self, consumer: &BaseConsumer<StreamContext>, now: Instant) -> Result<(), EngineError> {
+        if !self.joined || self.txn.phase() != Phase::Idle || self.producer.in_transaction() || !self.sweep.due(now) {
+            return Ok(());
+        }
+        self.sweep
+            .commit(now, consumer, &self.cfg.topology, &mut self.producer)
+            .map_err(EngineError::Fatal)
     }
 
     /// Refreshes the store size gauges of the tasks (each task reads them every few seconds).
