@@ -265,8 +265,7 @@ fn flush(
     if batch.is_empty() {
         return Ok(0);
     }
-    store.apply_restored(index, batch, last)?;
-    let n = batch.len() as u64;
+    let n = store.apply_restored(index, batch, last)? as u64;
     metrics.restored_records.with_label_values(&[name]).inc_by(n);
     batch.clear();
     Ok(n)

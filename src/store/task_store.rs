@@ -292,27 +292,30 @@ impl TaskStore {
     }
 
     /// Applies changelog records read during restore or by a standby, with the offset of the
-    /// last one. A record keyed [`NO_OP_KEY`] is skipped.
+    /// last one, and returns how many it applied: a record keyed [`NO_OP_KEY`] is skipped.
     pub fn apply_restored(
         &mut self,
         store: usize,
         records: &[(Vec<u8>, Option<Vec<u8>>)],
         last_offset: i64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<usize, StoreError> {
         let cf = self.cf(&self.names[store])?;
         let mut batch = WriteBatch::default();
+        let mut applied = 0;
         for (key, value) in records.iter().filter(|(key, _)| key.as_slice() != NO_OP_KEY) {
             match value {
                 Some(v) => batch.put_cf(cf, key, v),
                 None => batch.delete_cf(cf, key),
             }
+            applied += 1;
         }
         batch.put_cf(
             self.cf(META_CF)?,
             offset_key(&self.names[store]),
             last_offset.to_be_bytes(),
         );
-        self.db.write(batch).map_err(|e| self.rocks(e))
+        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        Ok(applied)
     }
 
     /// The estimated size of every store (committed data only; the overlay is not included).
@@ -447,7 +450,7 @@ mod tests {
             (NO_OP_KEY.to_vec(), None),
             (NO_OP_KEY.to_vec(), Some(vec![1])),
         ];
-        s.apply_restored(0, &records, 12).expect("applies");
+        assert_eq!(s.apply_restored(0, &records, 12).expect("applies"), 1);
         let keys: Vec<Vec<u8>> = s.scan(0).expect("scan").map(|e| e.expect("entry").0.to_vec()).collect();
         assert_eq!(keys, vec![b"x".to_vec()], "only the store's own record is applied");
         assert_eq!(s.changelog_offset(0).expect("reads"), Some(12));
