@@ -11,6 +11,9 @@ pub enum ErrorClass {
     Abortable,
     /// Another instance owns the tasks now: close them and rejoin the group.
     Fenced,
+    /// The cluster refuses this principal (authentication, a missing ACL): no retry or rejoin
+    /// can succeed until an operator changes something, so the instance stops and says what.
+    Refused,
     /// The client is unusable: rebuild the stream thread's clients after a backoff.
     Fatal,
 }
@@ -22,6 +25,9 @@ pub fn classify(err: &KafkaError) -> ErrorClass {
         .is_some_and(|code| is_fencing(code) || is_stale_membership(code))
     {
         return ErrorClass::Fenced;
+    }
+    if err.rdkafka_error_code().is_some_and(is_refusal) {
+        return ErrorClass::Refused;
     }
     if let KafkaError::Transaction(e) = err {
         if e.is_fatal() {
@@ -68,6 +74,21 @@ fn is_fencing(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::InvalidProducerEpoch
             | RDKafkaErrorCode::Fenced
             | RDKafkaErrorCode::FencedInstanceId
+    )
+}
+
+/// Authentication and authorization failures: Kafka Streams stops on them too (its
+/// `StreamsProducer` maps only fencing and epoch errors to a task migration); rebuilding clients
+/// every few seconds would only hide a missing ACL behind a loop.
+fn is_refusal(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::Authentication
     )
 }
 
@@ -121,6 +142,9 @@ pub fn recovery(err: KafkaError, step: TxnStep) -> Recovery {
     let requires_abort = matches!(&err, KafkaError::Transaction(e) if e.txn_requires_abort());
     match (class, step) {
         (ErrorClass::Fenced, _) => Recovery::Restart(EngineError::TaskMigrated(format!("{step:?}: {err}"))),
+        (ErrorClass::Refused, _) => {
+            Recovery::Restart(EngineError::refused(err, &format!("{step:?} in the transaction")))
+        }
         (ErrorClass::Abortable, TxnStep::EndTxn) if requires_abort => Recovery::AbortAndRewind,
         (ErrorClass::Abortable | ErrorClass::Retriable, TxnStep::Produce | TxnStep::SendOffsets) => {
             Recovery::AbortAndRewind
@@ -151,6 +175,10 @@ pub enum EngineError {
     /// A client or store failure that needs fresh clients; retried after a backoff.
     #[error("stream thread failed: {0:#}")]
     Fatal(anyhow::Error),
+    /// The cluster refused this instance's principal: the instance stops (see
+    /// [`ErrorClass::Refused`]).
+    #[error("{0:#}")]
+    Refused(anyhow::Error),
 }
 
 impl EngineError {
@@ -158,8 +186,16 @@ impl EngineError {
     pub fn from_kafka(err: KafkaError, during: &str) -> Self {
         match classify(&err) {
             ErrorClass::Fenced => EngineError::TaskMigrated(format!("{during}: {err}")),
+            ErrorClass::Refused => EngineError::refused(err, during),
             _ => EngineError::Fatal(anyhow::Error::new(err).context(during.to_string())),
         }
+    }
+
+    fn refused(err: KafkaError, during: &str) -> Self {
+        EngineError::Refused(anyhow::Error::new(err).context(format!(
+            "{during}: the Kafka cluster refused this instance's principal; grant the ACLs README.md \
+             lists (\"Secured Kafka\") or fix the credentials in `kafka.properties`, then start tally again"
+        )))
     }
 }
 
@@ -174,7 +210,8 @@ mod tests {
         assert_eq!(c(RDKafkaErrorCode::ProducerFenced), ErrorClass::Fenced);
         assert_eq!(c(RDKafkaErrorCode::InvalidProducerEpoch), ErrorClass::Fenced);
         assert_eq!(c(RDKafkaErrorCode::RebalanceInProgress), ErrorClass::Abortable);
-        assert_eq!(c(RDKafkaErrorCode::TopicAuthorizationFailed), ErrorClass::Fatal);
+        assert_eq!(c(RDKafkaErrorCode::TopicAuthorizationFailed), ErrorClass::Refused);
+        assert_eq!(c(RDKafkaErrorCode::UnknownTopicOrPartition), ErrorClass::Fatal);
     }
 
     #[test]
@@ -209,11 +246,18 @@ mod tests {
                 "{stale:?}: the group moved on, the tasks go (never abort and keep their positions)"
             );
         }
-        let denied = KafkaError::MessageProduction(RDKafkaErrorCode::TransactionalIdAuthorizationFailed);
-        assert!(matches!(
-            recovery(denied, TxnStep::Produce),
-            Recovery::Restart(EngineError::Fatal(_))
-        ));
+        for denied in [
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::SaslAuthenticationFailed,
+        ] {
+            let Recovery::Restart(EngineError::Refused(e)) =
+                recovery(KafkaError::MessageProduction(denied), TxnStep::EndTxn)
+            else {
+                panic!("{denied:?}: a refusal stops the instance, no retry, no rejoin");
+            };
+            assert!(format!("{e:#}").contains("ACLs"), "it says what to fix: {e:#}");
+        }
     }
 
     #[test]

@@ -92,6 +92,14 @@ pub fn run(cfg: ThreadConfig) {
                 tracing::warn!(thread = cfg.index, %why, "tasks migrated; closing them and rejoining the group");
                 backoff = Duration::from_millis(500);
             }
+            Err(EngineError::Refused(e)) => {
+                // Ending the thread ends the instance non-zero (the supervisor's exit guard);
+                // this reason is the one `/health/live` and the exit report.
+                let why = format!("{e:#}");
+                tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
+                cfg.health.engine_failed(why);
+                return;
+            }
             Err(EngineError::Fatal(e)) => {
                 tracing::error!(thread = cfg.index, error = %format!("{e:#}"), backoff_ms = backoff.as_millis() as u64, "stream thread failed; restarting its clients");
                 backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -169,6 +177,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             Some(Ok(msg)) => st.process(consumer, &msg)?,
             Some(Err(e)) => match classify(&e) {
                 ErrorClass::Fenced => return Err(EngineError::TaskMigrated(e.to_string())),
+                ErrorClass::Refused => return Err(EngineError::from_kafka(e, "consuming")),
                 _ => tracing::warn!(error = %e, "consumer error"),
             },
             None => {}
