@@ -183,6 +183,32 @@ fn a_withheld_event_is_missing_and_an_injected_output_is_a_ghost_in_both_formats
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_eq!(csv_report(&csv_path), expected);
 
+    // An export of upstream's own rows, a JSON array with no key column: the pipeline's key
+    // template builds the keys tally built.
+    let export = dir.path().join("export.json");
+    let rows: Vec<serde_json::Value> = gen
+        .expected_keys
+        .iter()
+        .map(|k| {
+            let (payment_id, status) = k.rsplit_once(':').expect("id:status");
+            serde_json::json!({ "status": status, "payment_id": payment_id, "amount": 12.5 })
+        })
+        .collect();
+    std::fs::write(&export, serde_json::to_string_pretty(&rows).expect("json")).expect("write export");
+    let export_report = dir.path().join("export-report.csv");
+    let out = reconcile(&[
+        "--sent",
+        export.to_str().expect("utf8"),
+        "--sent-key",
+        "{payment_id}:{status}",
+        "--processed",
+        &names.output,
+        "--report",
+        export_report.to_str().expect("utf8"),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(csv_report(&export_report), expected, "{}", text(&out));
+
     // Upstream's list without the withheld event: nothing is missing, so the run passes and
     // still reports the ghost; --strict fails on the ghost.
     let partial = dir.path().join("partial.jsonl");

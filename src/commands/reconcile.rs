@@ -7,6 +7,7 @@
 use crate::reconcile::files::FileFormat;
 use crate::reconcile::offline::{self, Options, ProcessedKind, SentSource};
 use crate::reconcile::report::ReportFormat;
+use crate::reconcile::sent_key::SentKey;
 use crate::reconcile::topic;
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -20,16 +21,21 @@ pub const EXIT_ERROR: u8 = 2;
 /// Arguments of `tally reconcile offline`.
 #[derive(Debug, clap::Args)]
 pub struct OfflineArgs {
-    /// What upstream says it sent: a JSON Lines or CSV file of idempotency keys, or
-    /// `topic:<name>` (key from the `tally.idempotency_key` header, else the JSON value's field).
+    /// What upstream says it sent: a JSON Lines, JSON array or CSV file, or `topic:<name>` (key
+    /// from the `tally.idempotency_key` header, else from the JSON value as below).
     #[arg(long, value_name = "FILE|topic:NAME")]
     pub sent: String,
     /// Layout of the --sent file when its extension (.jsonl, .ndjson, .json, .csv) does not say.
     #[arg(long, value_enum)]
     pub sent_format: Option<FileFormat>,
-    /// JSON field or CSV column of the idempotency key in sent records.
+    /// JSON field or CSV column that holds the idempotency key of sent records.
     #[arg(long, default_value = "idempotency_key")]
     pub sent_field: String,
+    /// Build the key of sent records from their fields or columns with the pipeline's key
+    /// template, e.g. `{payment_id}:{status}` (for an export that has no key column); rendered
+    /// as tally renders it. Replaces --sent-field.
+    #[arg(long, value_name = "TEMPLATE", conflicts_with = "sent_field")]
+    pub sent_key: Option<String>,
     /// The topic of what was processed: a pipeline's output topic (or a trace topic, see
     /// --processed-kind).
     #[arg(long, value_name = "TOPIC")]
@@ -113,7 +119,7 @@ fn options(args: &OfflineArgs) -> Result<Options> {
     });
     Ok(Options {
         sent: SentSource::parse(&args.sent, args.sent_format)?,
-        sent_field: args.sent_field.clone(),
+        sent_key: SentKey::parse(&args.sent_field, args.sent_key.as_deref())?,
         processed: args.processed.clone(),
         processed_kind: args.processed_kind,
         trace_node: args.trace_node.clone(),

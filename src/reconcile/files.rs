@@ -1,6 +1,10 @@
-//! Keys from a file of what upstream says it sent: JSON Lines or CSV, one key per record.
+//! Keys from a file of what upstream says it sent: JSON Lines, a JSON array or CSV, one key per
+//! record, found as a [`SentKey`] says.
 
+use super::sent_key::SentKey;
 use anyhow::{bail, Context, Result};
+use serde::de::{Deserializer as _, SeqAccess, Visitor};
+use serde_json::Value;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -8,9 +12,12 @@ use std::path::Path;
 /// The layout of a sent file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FileFormat {
-    /// One JSON document per line: an object with the key field, or a bare string.
+    /// One JSON document per line: an object, or a bare string.
     Jsonl,
-    /// A header row, then one record per row; the key is one named column.
+    /// One JSON array of objects or strings (a file that does not start with `[` is read as
+    /// JSON Lines).
+    Json,
+    /// A header row, then one record per row.
     Csv,
 }
 
@@ -19,7 +26,8 @@ impl FileFormat {
     pub fn from_extension(path: &Path) -> Option<Self> {
         let ext = path.extension()?.to_str()?.to_ascii_lowercase();
         match ext.as_str() {
-            "jsonl" | "ndjson" | "json" => Some(Self::Jsonl),
+            "jsonl" | "ndjson" => Some(Self::Jsonl),
+            "json" => Some(Self::Json),
             "csv" => Some(Self::Csv),
             _ => None,
         }
@@ -44,29 +52,116 @@ pub enum Entry<'a> {
     Unreadable(Unreadable),
 }
 
-/// Reads the file at `path` in `format`, taking keys from `field`, and hands each record to `each`.
+/// Reads the file at `path` in `format`, taking keys as `key` says, and hands each record to
+/// `each`.
 pub fn read_file(
     path: &Path,
     format: FileFormat,
-    field: &str,
+    key: &SentKey,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let file = File::open(path).with_context(|| format!("cannot open the sent file `{}`", path.display()))?;
     let name = path.display().to_string();
     let input = BufReader::with_capacity(1 << 20, file);
     let read = match format {
-        FileFormat::Jsonl => read_jsonl(input, &name, field, each),
-        FileFormat::Csv => read_csv(input, &name, field, each),
+        FileFormat::Jsonl => read_jsonl(input, &name, key, each),
+        FileFormat::Json => read_json(input, &name, key, each),
+        FileFormat::Csv => read_csv(input, &name, key, each),
     };
     read.with_context(|| format!("reading the sent file `{name}`"))
 }
 
-/// Reads JSON Lines: each non-blank line is a JSON object whose `field` is the key, or a bare
-/// JSON string. Blank lines carry no record and are passed over.
+/// Reads a JSON array element by element (an export of any size, never held whole); an element
+/// without a usable key is unreadable at `<file>[<index>]`. Input that does not start with `[`
+/// is read as JSON Lines. JSON that is not valid ends the read with its line and column: past
+/// it, no element can be told from the next.
+pub fn read_json(
+    mut input: impl BufRead,
+    name: &str,
+    key: &SentKey,
+    each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+) -> Result<()> {
+    // Past a byte-order mark and whitespace to the first byte.
+    let mut at_start = true;
+    let first = loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if std::mem::take(&mut at_start) && buf.starts_with(BOM) {
+            input.consume(BOM.len());
+            continue;
+        }
+        match buf.iter().position(|b| !b.is_ascii_whitespace()) {
+            Some(i) => {
+                let b = buf[i];
+                input.consume(i);
+                break b;
+            }
+            None => {
+                let n = buf.len();
+                input.consume(n);
+            }
+        }
+    };
+    if first != b'[' {
+        return read_jsonl(input, name, key, each);
+    }
+    let mut failed = None;
+    let visitor = Elements {
+        name,
+        key,
+        each,
+        failed: &mut failed,
+    };
+    let read = serde_json::Deserializer::from_reader(input).deserialize_seq(visitor);
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    read.map_err(|e| anyhow::anyhow!("not a valid JSON array: {e}"))
+}
+
+/// Hands each element of a JSON array to `each`; an error of `each` is kept in `failed`.
+struct Elements<'a, 'b> {
+    name: &'a str,
+    key: &'a SentKey,
+    each: &'a mut dyn FnMut(Entry<'_>) -> Result<()>,
+    failed: &'b mut Option<anyhow::Error>,
+}
+
+impl<'de> Visitor<'de> for Elements<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON array of objects or strings")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut index = 0u64;
+        while let Some(value) = seq.next_element::<Value>()? {
+            let handed = match self.key.of_value(value) {
+                Ok(key) => (self.each)(Entry::Key(&key)),
+                Err(reason) => (self.each)(Entry::Unreadable(Unreadable {
+                    location: format!("{}[{index}]", self.name),
+                    reason,
+                })),
+            };
+            if let Err(e) = handed {
+                *self.failed = Some(e);
+                return Err(serde::de::Error::custom("stopped"));
+            }
+            index += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Reads JSON Lines: each non-blank line is a JSON object or a bare JSON string, keyed as `key`
+/// says. Blank lines carry no record and are passed over.
 pub fn read_jsonl(
     mut input: impl BufRead,
     name: &str,
-    field: &str,
+    key: &SentKey,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut line = Vec::new();
@@ -84,7 +179,7 @@ pub fn read_jsonl(
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match json_key(text, field) {
+        match key.of_json(text) {
             Ok(key) => each(Entry::Key(&key))?,
             Err(reason) => each(Entry::Unreadable(Unreadable {
                 location: format!("{name}:{number}"),
@@ -94,12 +189,13 @@ pub fn read_jsonl(
     }
 }
 
-/// Reads CSV with a header row; the key is the column named `field`. An empty input has no
-/// records; a header without that column is an error (the whole file would be unreadable).
+/// Reads CSV with a header row. The key is the column a field names, or a key template built
+/// from the row's columns (cells are text: `1299.0` stays `1299.0`). An empty input has no
+/// records; a header without a needed column is an error (the whole file would be unreadable).
 pub fn read_csv(
     input: impl Read,
     name: &str,
-    field: &str,
+    key: &SentKey,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(input);
@@ -107,17 +203,32 @@ pub fn read_csv(
     if headers.is_empty() {
         return Ok(());
     }
-    let column = headers.iter().enumerate().position(|(i, h)| {
-        let name = if i == 0 { h.strip_prefix(BOM).unwrap_or(h) } else { h };
-        name == field.as_bytes()
-    });
-    let Some(column) = column else {
-        let names: Vec<String> = headers
-            .iter()
-            .map(|h| String::from_utf8_lossy(h).into_owned())
-            .collect();
+    let names: Vec<String> = headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let h = if i == 0 { h.strip_prefix(BOM).unwrap_or(h) } else { h };
+            String::from_utf8_lossy(h).into_owned()
+        })
+        .collect();
+    let field = match key {
+        SentKey::Field(field) => field.as_str(),
+        SentKey::Template(t) => {
+            let missing: Vec<&str> = t.roots().filter(|r| !names.iter().any(|n| n == r)).collect();
+            if !missing.is_empty() {
+                bail!(
+                    "the header row has no column {} for `{t}` (it has: {})",
+                    missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "),
+                    names.join(", ")
+                );
+            }
+            return read_csv_rows(reader, name, &names, key, each);
+        }
+    };
+    let Some(column) = names.iter().position(|n| n == field) else {
         bail!(
-            "the header row has no column `{field}` (it has: {}); name the key column with --sent-field",
+            "the header row has no column `{field}` (it has: {}); name the key column with --sent-field, \
+             or build the key from the columns with --sent-key",
             names.join(", ")
         );
     };
@@ -157,30 +268,41 @@ pub fn read_csv(
     }
 }
 
-/// The key in one JSON document: a bare string, or `field` of an object (a string, or a
-/// number in its canonical spelling). The error says what is wrong with the document.
-pub fn json_key(document: &[u8], field: &str) -> Result<String, String> {
-    let value: serde_json::Value = serde_json::from_slice(document).map_err(|e| format!("not valid JSON: {e}"))?;
-    let key = match value {
-        serde_json::Value::String(s) => s,
-        serde_json::Value::Object(mut map) => match map.remove(field) {
-            Some(serde_json::Value::String(s)) => s,
-            // Spelled as tally spells numbers in keys, so `1299.0` here matches `1299` there.
-            Some(serde_json::Value::Number(n)) => crate::topology::template::canonical_number(&n),
-            Some(other) => return Err(format!("field `{field}` is {}, not a string", json_type(&other))),
-            None => return Err(format!("the object has no field `{field}`")),
-        },
-        other => {
-            return Err(format!(
-                "the value is {}, not an object with `{field}` or a string",
-                json_type(&other)
-            ))
+/// The template-keyed rows of a CSV file (see [`read_csv`]).
+fn read_csv_rows(
+    mut reader: csv::Reader<impl Read>,
+    name: &str,
+    columns: &[String],
+    key: &SentKey,
+    each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut record = csv::StringRecord::new();
+    loop {
+        match reader.read_record(&mut record) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {
+                let row: serde_json::Map<String, Value> = columns
+                    .iter()
+                    .zip(record.iter())
+                    .map(|(c, v)| (c.clone(), Value::String(v.to_string())))
+                    .collect();
+                match key.of_value(Value::Object(row)) {
+                    Ok(key) => each(Entry::Key(&key))?,
+                    Err(reason) => each(Entry::Unreadable(Unreadable {
+                        location: format!("{name}:{}", record.position().map_or(0, csv::Position::line)),
+                        reason,
+                    }))?,
+                }
+            }
+            Err(e) => match e.position() {
+                Some(p) => each(Entry::Unreadable(Unreadable {
+                    location: format!("{name}:{}", p.line()),
+                    reason: format!("not a valid CSV row of text: {e}"),
+                }))?,
+                None => return Err(e).context("cannot read a CSV record"),
+            },
         }
-    };
-    if key.is_empty() {
-        return Err("the key is empty".to_string());
     }
-    Ok(key)
 }
 
 /// A key given as raw bytes (a CSV field, a header): non-empty UTF-8.
@@ -197,17 +319,6 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 fn trim_line_end(line: &[u8]) -> &[u8] {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     line.strip_suffix(b"\r").unwrap_or(line)
-}
-
-fn json_type(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]
@@ -228,12 +339,20 @@ mod tests {
         out
     }
 
+    fn field(name: &str) -> SentKey {
+        SentKey::Field(name.to_string())
+    }
+
+    fn template(t: &str) -> SentKey {
+        SentKey::parse("unused", Some(t)).expect("a template")
+    }
+
     fn jsonl(text: &str) -> Vec<String> {
-        collect(|each| read_jsonl(text.as_bytes(), "sent.jsonl", "idempotency_key", each))
+        collect(|each| read_jsonl(text.as_bytes(), "sent.jsonl", &field("idempotency_key"), each))
     }
 
     fn csv(text: &str) -> Vec<String> {
-        collect(|each| read_csv(text.as_bytes(), "sent.csv", "idempotency_key", each))
+        collect(|each| read_csv(text.as_bytes(), "sent.csv", &field("idempotency_key"), each))
     }
 
     #[test]
@@ -272,14 +391,14 @@ mod tests {
     #[test]
     fn jsonl_field_is_configurable_and_a_bom_is_ignored() {
         let text = "\u{feff}{\"key\":\"X\"}\n{\"key\":\"Y\"}\n";
-        let got = collect(|each| read_jsonl(text.as_bytes(), "f", "key", each));
+        let got = collect(|each| read_jsonl(text.as_bytes(), "f", &field("key"), each));
         assert_eq!(got, ["X", "Y"]);
     }
 
     #[test]
     fn jsonl_invalid_utf8_is_an_unreadable_line() {
         let text = b"\"A\"\n\"\xff\xfe\"\n\"B\"\n";
-        let got = collect(|each| read_jsonl(&text[..], "f", "idempotency_key", each));
+        let got = collect(|each| read_jsonl(&text[..], "f", &field("idempotency_key"), each));
         assert_eq!(got[0], "A");
         assert!(got[1].starts_with("!f:2: not valid JSON"), "{}", got[1]);
         assert_eq!(got[2], "B");
@@ -319,7 +438,8 @@ mod tests {
 
     #[test]
     fn csv_without_the_key_column_is_an_error_naming_the_columns() {
-        let err = read_csv("a,b\n1,2\n".as_bytes(), "f", "idempotency_key", &mut |_| Ok(())).expect_err("no column");
+        let err =
+            read_csv("a,b\n1,2\n".as_bytes(), "f", &field("idempotency_key"), &mut |_| Ok(())).expect_err("no column");
         let text = format!("{err:#}");
         assert!(
             text.contains("no column `idempotency_key`") && text.contains("a, b"),
@@ -337,8 +457,72 @@ mod tests {
             FileFormat::from_extension(Path::new("sent.ndjson")),
             Some(FileFormat::Jsonl)
         );
+        assert_eq!(
+            FileFormat::from_extension(Path::new("sent.json")),
+            Some(FileFormat::Json)
+        );
         assert_eq!(FileFormat::from_extension(Path::new("sent.csv")), Some(FileFormat::Csv));
         assert_eq!(FileFormat::from_extension(Path::new("sent.txt")), None);
         assert_eq!(FileFormat::from_extension(Path::new("sent")), None);
+    }
+
+    fn json(text: &str, key: &SentKey) -> Vec<String> {
+        collect(|each| read_json(text.as_bytes(), "sent.json", key, each))
+    }
+
+    #[test]
+    fn a_json_array_is_read_element_by_element_and_bad_elements_are_located() {
+        let got = json(
+            "\u{feff} \n[{\"payment_id\":\"P1\",\"status\":\"PAID\"}, {\"payment_id\":\"P2\"}, \"x\",\n {\"payment_id\":7,\"status\":\"NEW\"}]",
+            &template("{payment_id}:{status}"),
+        );
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0], "P1:PAID");
+        assert!(got[1].starts_with("!sent.json[1]: cannot build the key"), "{}", got[1]);
+        assert!(got[2].starts_with("!sent.json[2]: the value is a string"), "{}", got[2]);
+        assert_eq!(got[3], "7:NEW");
+        assert_eq!(
+            json("[\"A\", {\"idempotency_key\": \"B\"}]", &field("idempotency_key")),
+            ["A", "B"]
+        );
+        assert!(json("  \n ", &field("k")).is_empty(), "an empty file has no records");
+        assert!(json("[]", &field("k")).is_empty());
+    }
+
+    #[test]
+    fn a_json_file_that_is_not_an_array_is_read_as_json_lines() {
+        assert_eq!(json("\"A\"\n{\"k\":\"B\"}\n", &field("k")), ["A", "B"]);
+    }
+
+    #[test]
+    fn a_broken_json_array_is_an_error_with_its_place() {
+        let err = read_json("[\"A\", {".as_bytes(), "f", &field("k"), &mut |_| Ok(())).expect_err("broken");
+        assert!(format!("{err:#}").contains("line 1"), "{err:#}");
+    }
+
+    #[test]
+    fn csv_rows_build_the_key_from_their_columns() {
+        let got = collect(|each| {
+            read_csv(
+                "status,amount,payment_id\nPAID,3,P1\nNEW,4,\n".as_bytes(),
+                "sent.csv",
+                &template("{payment_id}:{status}"),
+                each,
+            )
+        });
+        assert_eq!(got[0], "P1:PAID");
+        assert!(got[1].starts_with("!sent.csv:3: cannot build the key"), "{}", got[1]);
+        let err = read_csv(
+            "a,status\n1,2\n".as_bytes(),
+            "f",
+            &template("{payment_id}:{status}"),
+            &mut |_| Ok(()),
+        )
+        .expect_err("no payment_id column");
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("no column `payment_id`") && text.contains("a, status"),
+            "{text}"
+        );
     }
 }

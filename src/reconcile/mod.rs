@@ -8,4 +8,5 @@ pub mod offline;
 pub mod progress;
 pub mod records;
 pub mod report;
+pub mod sent_key;
 pub mod topic;

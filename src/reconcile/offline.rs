@@ -7,6 +7,7 @@ use super::ledger::Ledger;
 use super::progress::Progress;
 use super::records::{self, Keyed};
 use super::report::{Findings, Report, ReportFormat, Side, Summary};
+use super::sent_key::SentKey;
 use super::topic;
 use crate::engine::emit::IDEMPOTENCY_KEY_HEADER;
 use anyhow::{bail, Result};
@@ -20,7 +21,7 @@ pub const TOPIC_PREFIX: &str = "topic:";
 /// Where the sent keys come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SentSource {
-    /// A JSON Lines or CSV file.
+    /// A JSON Lines, JSON or CSV file.
     File {
         /// The file.
         path: PathBuf,
@@ -46,7 +47,7 @@ impl SentSource {
         }
         let path = PathBuf::from(arg);
         let Some(format) = format.or_else(|| FileFormat::from_extension(&path)) else {
-            bail!("cannot tell the format of `{arg}` from its extension; add --sent-format jsonl or --sent-format csv");
+            bail!("cannot tell the format of `{arg}` from its extension; add --sent-format jsonl, json or csv");
         };
         Ok(Self::File { path, format })
     }
@@ -74,8 +75,8 @@ pub enum ProcessedKind {
 pub struct Options {
     /// Where the sent keys come from.
     pub sent: SentSource,
-    /// The JSON field or CSV column of the sent key.
-    pub sent_field: String,
+    /// How a sent record's key is found.
+    pub sent_key: SentKey,
     /// The processed topic.
     pub processed: String,
     /// What the processed topic holds.
@@ -146,7 +147,7 @@ pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
 fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
     let progress = Progress::start("reading sent keys", "records", opts.progress);
     match &opts.sent {
-        SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_field, &mut |entry| {
+        SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_key, &mut |entry| {
             progress.inc();
             match entry {
                 Entry::Key(key) => count(Keyed::Key(key.into()), Side::Sent, ledger, report, String::new),
@@ -155,7 +156,7 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
         })?,
         SentSource::Topic(name) => topic::read_to_end(&opts.kafka, name, &mut |m| {
             progress.inc();
-            let keyed = records::sent(header(m, IDEMPOTENCY_KEY_HEADER), m.payload(), &opts.sent_field);
+            let keyed = records::sent(header(m, IDEMPOTENCY_KEY_HEADER), m.payload(), &opts.sent_key);
             count(keyed, Side::Sent, ledger, report, || location(m))
         })?,
     }

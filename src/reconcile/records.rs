@@ -1,7 +1,8 @@
 //! The key a topic record contributes to a reconciliation: a sent record, a tally output, or a
 //! trace record in `tally.trace/v1` format.
 
-use super::files::{json_key, text_key};
+use super::files::text_key;
+use super::sent_key::SentKey;
 use crate::trace::FORMAT;
 use serde::Deserialize;
 
@@ -29,9 +30,9 @@ pub enum Settlement {
     DeadLettered,
 }
 
-/// A sent record: the key in its idempotency-key header when present, else in `field` of its
-/// JSON value (or the value itself when that is a JSON string).
-pub fn sent<'a>(header: Option<&'a [u8]>, payload: Option<&[u8]>, field: &str) -> Keyed<'a> {
+/// A sent record: the key in its idempotency-key header when present, else found in its JSON
+/// value as `key` says.
+pub fn sent<'a>(header: Option<&'a [u8]>, payload: Option<&[u8]>, key: &SentKey) -> Keyed<'a> {
     if let Some(h) = header {
         return match text_key(h) {
             Ok(key) => Keyed::Key(key.into()),
@@ -40,7 +41,7 @@ pub fn sent<'a>(header: Option<&'a [u8]>, payload: Option<&[u8]>, field: &str) -
     }
     match payload {
         None => Keyed::Unreadable("no idempotency-key header and no value".to_string()),
-        Some(p) => match json_key(p, field) {
+        Some(p) => match key.of_json(p) {
             Ok(key) => Keyed::Key(key.into()),
             Err(reason) => Keyed::Unreadable(format!("no idempotency-key header, and the value: {reason}")),
         },
@@ -110,6 +111,10 @@ mod tests {
         Keyed::Key(k.to_string().into())
     }
 
+    fn f(name: &str) -> SentKey {
+        SentKey::Field(name.to_string())
+    }
+
     fn bytes(s: &str) -> Option<&[u8]> {
         Some(s.as_bytes())
     }
@@ -117,13 +122,13 @@ mod tests {
     #[test]
     fn sent_records_prefer_the_header_then_the_value() {
         let object = bytes(r#"{"idempotency_key":"V"}"#);
-        assert_eq!(sent(bytes("H"), object, "idempotency_key"), key("H"));
-        assert_eq!(sent(None, object, "idempotency_key"), key("V"));
-        assert_eq!(sent(None, bytes(r#"{"k":"V"}"#), "k"), key("V"));
-        assert_eq!(sent(None, bytes(r#""S""#), "idempotency_key"), key("S"));
-        assert!(matches!(sent(None, None, "k"), Keyed::Unreadable(_)));
-        assert!(matches!(sent(None, bytes("{oops"), "k"), Keyed::Unreadable(r) if r.contains("not valid JSON")));
-        assert!(matches!(sent(bytes(""), None, "k"), Keyed::Unreadable(r) if r.contains("empty")));
+        assert_eq!(sent(bytes("H"), object, &f("idempotency_key")), key("H"));
+        assert_eq!(sent(None, object, &f("idempotency_key")), key("V"));
+        assert_eq!(sent(None, bytes(r#"{"k":"V"}"#), &f("k")), key("V"));
+        assert_eq!(sent(None, bytes(r#""S""#), &f("idempotency_key")), key("S"));
+        assert!(matches!(sent(None, None, &f("k")), Keyed::Unreadable(_)));
+        assert!(matches!(sent(None, bytes("{oops"), &f("k")), Keyed::Unreadable(r) if r.contains("not valid JSON")));
+        assert!(matches!(sent(bytes(""), None, &f("k")), Keyed::Unreadable(r) if r.contains("empty")));
     }
 
     #[test]
