@@ -10,14 +10,10 @@ mod common;
 
 use common::*;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{ClientConfig, Message};
+use rdkafka::ClientConfig;
 use std::time::{Duration, Instant};
-use tally::engine::producer::TxnProducer;
 use tally::engine::restore::{restore, RestoreReport, RestoreSettings};
-use tally::engine::settle::commit_no_op;
-use tally::engine::stable_end::{Hooks, SETTLE_AFTER};
 use tally::metrics::Metrics;
-use tally::store::NO_OP_KEY;
 use tally::store::{StoreEnv, TaskStore};
 
 /// A transactional producer that has committed `k0`..`k2` and holds `k3`, `k4` in an open
@@ -88,15 +84,7 @@ fn run(f: &mut Fixture, limit: Duration, keep_going: &dyn Fn() -> bool) -> anyho
         config: f.config.clone(),
         open_transaction_limit: limit,
     };
-    restore(
-        &settings,
-        &mut f.store,
-        0,
-        &f.topic,
-        0,
-        &metrics,
-        Hooks::progress(keep_going),
-    )
+    restore(&settings, &mut f.store, 0, &f.topic, 0, &metrics, keep_going)
 }
 
 fn has(store: &TaskStore, key: &str) -> bool {
@@ -156,96 +144,4 @@ fn a_stop_request_ends_a_restore_that_waits_for_an_open_transaction() {
         started.elapsed()
     );
     assert!(format!("{err:#}").contains("stopping"), "{err:#}");
-}
-
-/// A restore that has waited [`SETTLE_AFTER`] commits a no-op to the partition with its thread's
-/// producer (closing the transaction if it is that producer id's own); another producer's
-/// transaction stays open, and the restore goes on waiting for it without applying the no-op.
-#[test]
-fn a_restore_commits_a_no_op_once_and_goes_on_waiting_for_another_producers_transaction() {
-    let (mut f, foreign) = fixture("restore-no-op");
-    let timeout = Duration::from_secs(30);
-    let commit_after = SETTLE_AFTER + Duration::from_secs(3);
-    let committer = std::thread::spawn(move || {
-        std::thread::sleep(commit_after);
-        foreign.commit_transaction(timeout).expect("commit");
-    });
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", bootstrap())
-        .set("transactional.id", format!("{}-thread", f.topic));
-    let mut producer = TxnProducer::new(&config, timeout, 1 << 20).expect("producer");
-    let settled = std::cell::Cell::new(0);
-    let mut settle = || {
-        settled.set(settled.get() + 1);
-        commit_no_op(&mut producer, &f.topic, 0)
-    };
-    let metrics = Metrics::new("restore-test").expect("metrics");
-    let settings = RestoreSettings {
-        config: f.config.clone(),
-        open_transaction_limit: Duration::from_secs(60),
-    };
-    let hooks = Hooks {
-        progress: &|| true,
-        settle: Some(&mut settle),
-    };
-    let started = Instant::now();
-    let report = restore(&settings, &mut f.store, 0, &f.topic, 0, &metrics, hooks).expect("restores");
-    committer.join().expect("committer");
-    assert_eq!(settled.get(), 1, "one no-op per wait");
-    assert!(
-        started.elapsed() >= commit_after - Duration::from_millis(500),
-        "the no-op did not end the wait for another producer's transaction ({:?})",
-        started.elapsed()
-    );
-    assert_eq!(report.restored, 5, "what the other transaction committed is restored");
-    assert!((0..5).all(|i| has(&f.store, &format!("k{i}"))));
-    assert!(
-        store_keys(&f.store).iter().all(|k| k.as_slice() != NO_OP_KEY),
-        "no store applies the no-op"
-    );
-    let committed = read_committed(&f.topic, 6, Duration::from_secs(10));
-    assert!(
-        committed.iter().any(|m| m.key() == Some(NO_OP_KEY)),
-        "the no-op committed on the changelog"
-    );
-}
-
-fn store_keys(store: &TaskStore) -> Vec<Vec<u8>> {
-    store
-        .scan(0)
-        .expect("scan")
-        .map(|e| e.expect("entry").0.to_vec())
-        .collect()
-}
-
-/// A stream thread writes a no-op to every changelog partition at its first commit, whether it
-/// owns the partition's task or not: a transaction its producer id left open there is closed
-/// by that commit, wherever the task went (src/engine/settle.rs).
-#[test]
-fn a_stream_thread_commits_a_no_op_to_every_changelog_partition() {
-    let names = Names::new("restore-no-op-sweep");
-    create_topics(&[(&names.input, 3), (&names.output, 1), (&names.dlq, 1)]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let topology = write_topology(dir.path(), &names, 4096);
-    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
-    let changelog = names.changelog("payments");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let with_no_op = loop {
-        let found: std::collections::BTreeSet<i32> = read_committed(&changelog, 0, Duration::from_secs(2))
-            .iter()
-            .filter(|m| m.key() == Some(NO_OP_KEY) && m.payload().is_none())
-            .map(|m| m.partition())
-            .collect();
-        if found.len() == 3 || Instant::now() > deadline {
-            break found;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    tally.stop();
-    assert_eq!(
-        with_no_op.into_iter().collect::<Vec<_>>(),
-        vec![0, 1, 2],
-        "a committed no-op tombstone on each partition of the changelog"
-    );
 }

@@ -2,7 +2,7 @@
 //! (like a Kafka Streams global stream thread): at startup from the positions the store recorded
 //! (the whole topic only on a first start), then tailing it.
 
-use super::stable_end::{self, Hooks, StableEnd};
+use super::stable_end::{self, StableEnd};
 use super::{clients, Shutdown};
 use crate::metrics::Metrics;
 use crate::store::global::MappingRecord;
@@ -41,15 +41,9 @@ pub fn start(
     let limit = clients::open_transaction_limit(t);
     let mut ends = HashMap::new();
     for p in 0..partitions {
-        let StableEnd { low, high } = stable_end::wait(
-            &consumer,
-            &config,
-            topic,
-            p,
-            limit,
-            Hooks::progress(&|| !shutdown.is_triggered()),
-        )
-        .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
+        let StableEnd { low, high } =
+            stable_end::wait(&consumer, &config, topic, p, limit, &|| !shutdown.is_triggered())
+                .with_context(|| format!("reading the end of `{topic}` partition {p}"))?;
         ends.insert(p, (low, high));
     }
     let starts = resume_points(&global, topic, &ends)?;

@@ -15,7 +15,6 @@ pub mod membership;
 pub mod producer;
 pub mod purge;
 pub mod restore;
-pub mod settle;
 pub mod stable_end;
 pub mod standby;
 pub mod stream_thread;

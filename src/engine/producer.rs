@@ -162,32 +162,17 @@ impl TxnProducer {
         offsets: &TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<Delivered, (KafkaError, TxnStep)> {
-        self.finish(Some((offsets, group)))
-    }
-
-    /// Commits the records sent in the open transaction (opening one if needed) without
-    /// consumed offsets: nothing a group generation fences (see `super::settle`).
-    pub fn commit_writes(&mut self) -> Result<Delivered, (KafkaError, TxnStep)> {
-        self.finish(None)
-    }
-
-    fn finish(
-        &mut self,
-        consumed: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
-    ) -> Result<Delivered, (KafkaError, TxnStep)> {
         self.begin().map_err(|e| (e, TxnStep::Produce))?;
-        // Fault points count the commits of consumed work, not of no-ops.
-        let faults_apply = consumed.is_some();
         let started = Instant::now();
         self.await_deliveries();
         let delivered_at = Instant::now();
-        if let Some((offsets, group)) = consumed.filter(|(offsets, _)| offsets.count() > 0) {
+        if offsets.count() > 0 {
             retry(self.timeout, || {
                 self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
             })
             .map_err(|e| (e, TxnStep::SendOffsets))?;
         }
-        if faults_apply && faults::hit(Point::CommitAbortable) {
+        if faults::hit(Point::CommitAbortable) {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::RebalanceInProgress),
                 TxnStep::SendOffsets,
@@ -200,7 +185,7 @@ impl TxnProducer {
             self.producer.commit_transaction(END_TXN_CALL.min(self.timeout))
         })
         .map_err(|e| (e, TxnStep::EndTxn))?;
-        if faults_apply && faults::hit(Point::CommitOutcomeUnknown) {
+        if faults::hit(Point::CommitOutcomeUnknown) {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut),
                 TxnStep::EndTxn,
@@ -211,7 +196,7 @@ impl TxnProducer {
             deliveries_us = delivered_at.duration_since(started).as_micros() as u64,
             offsets_us = offsets_at.duration_since(delivered_at).as_micros() as u64,
             commit_us = offsets_at.elapsed().as_micros() as u64,
-            offsets = %consumed.map(|(offsets, _)| describe(offsets)).unwrap_or_default(),
+            offsets = %describe(offsets),
             "transaction committed"
         );
         Ok(self.take_delivered())

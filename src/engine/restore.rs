@@ -1,7 +1,7 @@
 //! Brings a task's store up to its changelog's committed end before the task processes.
 
 use super::clients;
-use super::stable_end::{self, Hooks, StableEnd};
+use super::stable_end::{self, StableEnd};
 use crate::metrics::Metrics;
 use crate::store::{StoreError, TaskStore};
 use crate::topology::Topology;
@@ -49,9 +49,8 @@ impl RestoreSettings {
 }
 
 /// Restores store `index` of `store` from `topic`/`partition`, to the changelog's end once no
-/// transaction is open below it. `hooks.progress` is called as it goes and returns false when
-/// the instance is stopping, which ends the restore with an error; `hooks.settle` is called if
-/// the end waits for an open transaction (see [`stable_end::wait`]).
+/// transaction is open below it. `progress` is called as it goes and returns false when the
+/// instance is stopping, which ends the restore with an error.
 pub fn restore(
     settings: &RestoreSettings,
     store: &mut TaskStore,
@@ -59,15 +58,14 @@ pub fn restore(
     topic: &str,
     partition: i32,
     metrics: &Metrics,
-    hooks: Hooks<'_>,
+    progress: &dyn Fn() -> bool,
 ) -> Result<RestoreReport> {
-    let progress = hooks.progress;
     let started = Instant::now();
     let name = store.name(index).to_string();
     let config = &settings.config;
     let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
     let limit = settings.open_transaction_limit;
-    let StableEnd { low, high } = stable_end::wait(&consumer, config, topic, partition, limit, hooks)
+    let StableEnd { low, high } = stable_end::wait(&consumer, config, topic, partition, limit, progress)
         .with_context(|| format!("cannot find the end of changelog `{topic}` partition {partition}"))?;
     let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
     if let Some(r) = rebuilt {
@@ -265,7 +263,8 @@ fn flush(
     if batch.is_empty() {
         return Ok(0);
     }
-    let n = store.apply_restored(index, batch, last)? as u64;
+    store.apply_restored(index, batch, last)?;
+    let n = batch.len() as u64;
     metrics.restored_records.with_label_values(&[name]).inc_by(n);
     batch.clear();
     Ok(n)

@@ -8,8 +8,7 @@
 //! as after a whole-cluster crash: see docs/chaos-runs.md, cause 6). A store restored to such an
 //! end misses records whose input offsets are committed: the duplicates it was built to stop.
 //! So the end is the log end as of the start, and the restore waits until every transaction
-//! open below it has finished, committed or aborted; a wait that lasts gives the caller one
-//! chance to close a transaction that only its own producer can close (`super::settle`).
+//! open below it has finished, committed or aborted.
 
 use anyhow::{bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -23,25 +22,6 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// After this long a wait is logged, once.
 const WAIT_NOTICE: Duration = Duration::from_secs(5);
 
-/// How long a transaction may stay open before the waiting thread commits a no-op to the
-/// partition (which closes it if it is the thread's own: see `super::settle`).
-pub const SETTLE_AFTER: Duration = Duration::from_secs(5);
-
-/// What a wait calls while it waits.
-pub struct Hooks<'a> {
-    /// Called between checks; returns false when the instance is stopping, which ends the wait.
-    pub progress: &'a dyn Fn() -> bool,
-    /// Called once when a transaction has been open for [`SETTLE_AFTER`]; an error ends the wait.
-    pub settle: Option<&'a mut dyn FnMut() -> Result<()>>,
-}
-
-impl<'a> Hooks<'a> {
-    /// Hooks that only report progress.
-    pub fn progress(progress: &'a dyn Fn() -> bool) -> Self {
-        Self { progress, settle: None }
-    }
-}
-
 /// A partition's bounds as a read_committed reader may use them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StableEnd {
@@ -51,8 +31,9 @@ pub struct StableEnd {
     pub high: i64,
 }
 
-/// Waits (up to `limit`, calling `hooks` while it waits) until no transaction is open below the
-/// log end of `topic`/`partition` as of the call, and returns that end. `committed` is a
+/// Waits (up to `limit`, calling `progress` while it waits, and giving up as soon as it returns
+/// false: the instance is stopping) until no transaction is open below
+/// the log end of `topic`/`partition` as of the call, and returns that end. `committed` is a
 /// read_committed consumer; `config` its configuration, from which a read_uncommitted one is
 /// made to learn the log end.
 pub fn wait(
@@ -61,7 +42,7 @@ pub fn wait(
     topic: &str,
     partition: i32,
     limit: Duration,
-    mut hooks: Hooks<'_>,
+    progress: &dyn Fn() -> bool,
 ) -> Result<StableEnd> {
     let mut uncommitted_config = config.clone();
     uncommitted_config.set("isolation.level", "read_uncommitted");
@@ -110,12 +91,7 @@ pub fn wait(
                 "a transaction is open on the partition; waiting for it to finish before reading to the end"
             );
         }
-        if started.elapsed() >= SETTLE_AFTER {
-            if let Some(settle) = hooks.settle.take() {
-                settle().with_context(|| format!("closing a transaction open on `{topic}` partition {partition}"))?;
-            }
-        }
-        if !(hooks.progress)() {
+        if !progress() {
             bail!("stopping while waiting for a transaction open on `{topic}` partition {partition}");
         }
         std::thread::sleep(RECHECK);

@@ -9,11 +9,6 @@ use std::path::{Path, PathBuf};
 
 const META_CF: &str = "meta";
 
-/// The key of a changelog record that no store applies: the engine writes it to close a
-/// transaction (see `engine::settle`). Not UTF-8 (no UTF-8 text holds the byte 0xFF), while
-/// every store key is text taken from a record, so no store key can equal it.
-pub const NO_OP_KEY: &[u8] = b"\xfftally.no-op";
-
 /// A store operation that must also go to the store's changelog topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
@@ -291,31 +286,27 @@ impl TaskStore {
         Ok(())
     }
 
-    /// Applies changelog records read during restore or by a standby, with the offset of the
-    /// last one, and returns how many it applied: a record keyed [`NO_OP_KEY`] is skipped.
+    /// Applies changelog records read during restore, with the offset of the last one.
     pub fn apply_restored(
         &mut self,
         store: usize,
         records: &[(Vec<u8>, Option<Vec<u8>>)],
         last_offset: i64,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
         let mut batch = WriteBatch::default();
-        let mut applied = 0;
-        for (key, value) in records.iter().filter(|(key, _)| key.as_slice() != NO_OP_KEY) {
+        for (key, value) in records {
             match value {
                 Some(v) => batch.put_cf(cf, key, v),
                 None => batch.delete_cf(cf, key),
             }
-            applied += 1;
         }
         batch.put_cf(
             self.cf(META_CF)?,
             offset_key(&self.names[store]),
             last_offset.to_be_bytes(),
         );
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
-        Ok(applied)
+        self.db.write(batch).map_err(|e| self.rocks(e))
     }
 
     /// The estimated size of every store (committed data only; the overlay is not included).
@@ -439,21 +430,6 @@ mod tests {
         s.wipe(0).expect("wipes");
         assert!(!s.has_data(0).expect("reads"));
         assert_eq!(s.changelog_offset(0).expect("reads"), None);
-    }
-
-    #[test]
-    fn a_no_op_record_is_skipped_but_counts_as_read() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = open(tmp.path());
-        let records = vec![
-            (b"x".to_vec(), Some(vec![7])),
-            (NO_OP_KEY.to_vec(), None),
-            (NO_OP_KEY.to_vec(), Some(vec![1])),
-        ];
-        assert_eq!(s.apply_restored(0, &records, 12).expect("applies"), 1);
-        let keys: Vec<Vec<u8>> = s.scan(0).expect("scan").map(|e| e.expect("entry").0.to_vec()).collect();
-        assert_eq!(keys, vec![b"x".to_vec()], "only the store's own record is applied");
-        assert_eq!(s.changelog_offset(0).expect("reads"), Some(12));
     }
 
     #[test]

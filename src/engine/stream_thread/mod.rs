@@ -13,8 +13,6 @@ use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore::{self, Rebuild, RestoreSettings};
-use super::settle;
-use super::stable_end::Hooks;
 use super::task::{PipelineTask, Sinks, Task, Work};
 use super::txn::{Phase, Txn};
 use super::Shutdown;
@@ -136,7 +134,6 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         joined: false,
         last_housekeeping: Instant::now(),
         lookup: (String::new(), 0),
-        sweep: settle::Sweep::default(),
     };
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
@@ -196,7 +193,6 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
         if st.commit_due(now) {
             st.commit(consumer)?;
         }
-        st.sweep_no_ops(consumer, now)?;
         wait = st.poll_wait(now);
         if cfg.rejoin.take(cfg.index) && rejoin_at.is_none() {
             // Unsubscribing revokes every task (committed in the callback) and then sends a
@@ -252,8 +248,6 @@ struct ThreadState {
     last_housekeeping: Instant,
     /// The (topic, partition) of the record being processed, reused across records.
     lookup: (String, i32),
-    /// The periodic no-ops on every changelog partition (see [`settle`]).
-    sweep: settle::Sweep,
 }
 
 impl Drop for ThreadState {
@@ -362,12 +356,33 @@ impl ThreadState {
         }
     }
 
-    fn open_task(&mut self, topic: &str, partition: i32) -> Result<Box<dyn Task>, EngineError> {
-        let t = self.cfg.topology.clone();
+    fn open_task(&self, topic: &str, partition: i32) -> Result<Box<dyn Task>, EngineError> {
+        let t = &self.cfg.topology;
+        let fatal = |e: anyhow::Error| EngineError::Fatal(e);
+        let restored = |layout: &TaskLayout| -> Result<TaskStore, EngineError> {
+            let mut store = self.open_store(layout)?;
+            for (i, changelog) in layout.changelogs.iter().enumerate() {
+                restore::restore(
+                    &self.restore,
+                    &mut store,
+                    i,
+                    changelog,
+                    partition,
+                    &self.cfg.metrics,
+                    &|| {
+                        self.cfg.health.beat(self.cfg.index);
+                        !self.cfg.shutdown.is_triggered()
+                    },
+                )
+                .with_context(|| format!("restoring task {}", layout.name))
+                .map_err(fatal)?;
+            }
+            Ok(store)
+        };
         if let (Some(settings), true) = (&t.reconcile, t.reconciled_topic() == Some(topic)) {
-            let layout = TaskLayout::of(&t, topic, partition)
+            let layout = TaskLayout::of(t, topic, partition)
                 .ok_or_else(|| EngineError::Fatal(anyhow!("no reconciler layout for `{topic}`")))?;
-            let store = self.restored_store(&layout, partition)?;
+            let store = restored(&layout)?;
             tracing::info!(task = %layout.name, topic, "task ready");
             return Ok(Box::new(ReconcileTask::new(
                 layout.name,
@@ -386,10 +401,10 @@ impl ThreadState {
         let work = match (stage, &pipeline.repartition) {
             (Stage::Repartition, Some(r)) => Work::Repartition { topic: r.topic.clone() },
             _ => {
-                let layout = TaskLayout::of(&t, topic, partition)
+                let layout = TaskLayout::of(t, topic, partition)
                     .ok_or_else(|| EngineError::Fatal(anyhow!("task {name} keeps no state")))?;
                 Work::Process {
-                    store: self.restored_store(&layout, partition)?,
+                    store: restored(&layout)?,
                     changelogs: layout.changelogs,
                     repartitioned: pipeline.repartition.is_some(),
                 }
@@ -414,29 +429,6 @@ impl ThreadState {
             sinks,
             t.processing.expiry_scan_interval,
         )))
-    }
-
-    /// The task's store, restored from its changelogs. A restore that waits for a transaction
-    /// open on a changelog partition commits a no-op there with this thread's producer, which
-    /// closes the transaction if it is this producer id's (see [`super::settle`]).
-    fn restored_store(&mut self, layout: &TaskLayout, partition: i32) -> Result<TaskStore, EngineError> {
-        let mut store = self.open_store(layout)?;
-        let (cfg, producer) = (&self.cfg, &mut self.producer);
-        for (i, changelog) in layout.changelogs.iter().enumerate() {
-            let progress = || {
-                cfg.health.beat(cfg.index);
-                !cfg.shutdown.is_triggered()
-            };
-            let mut settle = || settle::commit_no_op(producer, changelog, partition);
-            let hooks = Hooks {
-                progress: &progress,
-                settle: Some(&mut settle),
-            };
-            restore::restore(&self.restore, &mut store, i, changelog, partition, &cfg.metrics, hooks)
-                .with_context(|| format!("restoring task {}", layout.name))
-                .map_err(EngineError::Fatal)?;
-        }
-        Ok(store)
     }
 
     /// The task's store: the standby copy when this instance holds one, else opened from disk,
@@ -490,18 +482,6 @@ impl ThreadState {
             self.commit(consumer)?;
         }
         Ok(())
-    }
-
-    /// Commits the periodic no-ops between two transactions once this thread has joined the
-    /// group: a transaction of this producer id that the broker left open on a changelog
-    /// partition is closed, whoever owns the partition's task now (see [`settle`]).
-    fn sweep_no_ops(&mut self, consumer: &BaseConsumer<StreamContext>, now: Instant) -> Result<(), EngineError> {
-        if !self.joined || self.txn.phase() != Phase::Idle || self.producer.in_transaction() || !self.sweep.due(now) {
-            return Ok(());
-        }
-        self.sweep
-            .commit(now, consumer, &self.cfg.topology, &mut self.producer)
-            .map_err(EngineError::Fatal)
     }
 
     /// Refreshes the store size gauges of the tasks (each task reads them every few seconds).
