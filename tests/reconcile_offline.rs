@@ -209,6 +209,70 @@ fn a_withheld_event_is_missing_and_an_injected_output_is_a_ghost_in_both_formats
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_eq!(csv_report(&export_report), expected, "{}", text(&out));
 
+    // One day of a longer export: the withheld event was sent the day before, so within
+    // --from/--to nothing is missing; the phantom, output now, is still a ghost.
+    let now = now_ms();
+    let day = 86_400_000;
+    let dated = dir.path().join("dated.jsonl");
+    let lines: Vec<String> = gen
+        .expected_keys
+        .iter()
+        .map(|k| {
+            let at = if *k == removed { now - day } else { now - 60_000 };
+            serde_json::json!({ "idempotency_key": k, "sent_at": at }).to_string()
+        })
+        .collect();
+    std::fs::write(&dated, lines.join("\n")).expect("write dated");
+    let window_report = dir.path().join("window-report.csv");
+    let (from, to) = ((now - day / 2).to_string(), (now + 60_000).to_string());
+    let out = reconcile(&[
+        "--sent",
+        dated.to_str().expect("utf8"),
+        "--sent-time-field",
+        "sent_at",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--processed",
+        &names.output,
+        "--report",
+        window_report.to_str().expect("utf8"),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "nothing missing in the window: {}",
+        text(&out)
+    );
+    assert_eq!(csv_report(&window_report), set(&[format!("ghost {phantom} 1")]));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("(1 records outside the window)"),
+        "{}",
+        text(&out)
+    );
+    let out = reconcile(&[
+        "--sent",
+        dated.to_str().expect("utf8"),
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--processed",
+        &names.output,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a dated file needs its time field: {}",
+        text(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--sent-time-field"),
+        "{}",
+        text(&out)
+    );
+
     // Upstream's list without the withheld event: nothing is missing, so the run passes and
     // still reports the ghost; --strict fails on the ghost.
     let partial = dir.path().join("partial.jsonl");

@@ -9,7 +9,8 @@ use crate::reconcile::offline::{self, Options, ProcessedKind, SentSource};
 use crate::reconcile::report::ReportFormat;
 use crate::reconcile::sent_key::SentKey;
 use crate::reconcile::topic;
-use anyhow::{bail, Result};
+use crate::reconcile::window::{parse_time, Window};
+use anyhow::{anyhow, bail, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -36,6 +37,21 @@ pub struct OfflineArgs {
     /// as tally renders it. Replaces --sent-field.
     #[arg(long, value_name = "TEMPLATE", conflicts_with = "sent_field")]
     pub sent_key: Option<String>,
+    /// Reconcile one period: sent records from this time (RFC 3339, e.g. 2026-12-03T00:00:00Z,
+    /// or epoch milliseconds); needs --to.
+    #[arg(long, value_name = "TIME", requires = "to")]
+    pub from: Option<String>,
+    /// End of the period (exclusive): sent records before this time; needs --from.
+    #[arg(long, value_name = "TIME", requires = "from")]
+    pub to: Option<String>,
+    /// With --from/--to: processed records count from --from until this long after --to (an
+    /// event sent just before --to is processed a little after it).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub grace: std::time::Duration,
+    /// With --from/--to and a sent file: the JSON field or CSV column of each record's time
+    /// (epoch milliseconds or RFC 3339). Topic records use their timestamp.
+    #[arg(long, value_name = "FIELD", requires = "from")]
+    pub sent_time_field: Option<String>,
     /// The topic of what was processed: a pipeline's output topic (or a trace topic, see
     /// --processed-kind).
     #[arg(long, value_name = "TOPIC")]
@@ -117,8 +133,10 @@ fn options(args: &OfflineArgs) -> Result<Options> {
         });
         (path.clone(), format)
     });
+    let sent = SentSource::parse(&args.sent, args.sent_format)?;
     Ok(Options {
-        sent: SentSource::parse(&args.sent, args.sent_format)?,
+        window: window(args, &sent)?,
+        sent,
         sent_key: SentKey::parse(&args.sent_field, args.sent_key.as_deref())?,
         processed: args.processed.clone(),
         processed_kind: args.processed_kind,
@@ -129,6 +147,27 @@ fn options(args: &OfflineArgs) -> Result<Options> {
         work_dir: args.work_dir.clone(),
         progress: !args.no_progress,
     })
+}
+
+/// The period of `--from`/`--to`, checked against the sent source.
+fn window(args: &OfflineArgs, sent: &SentSource) -> Result<Option<Window>> {
+    let (Some(from), Some(to)) = (&args.from, &args.to) else {
+        return Ok(None);
+    };
+    let from_ms = parse_time(from).map_err(|e| anyhow!("--from: {e}"))?;
+    let to_ms = parse_time(to).map_err(|e| anyhow!("--to: {e}"))?;
+    if to_ms <= from_ms {
+        bail!("--to `{to}` is not after --from `{from}`");
+    }
+    if matches!(sent, SentSource::File { .. }) && args.sent_time_field.is_none() {
+        bail!("--from/--to with a sent file needs --sent-time-field: the field or column of each record's time");
+    }
+    Ok(Some(Window {
+        from_ms,
+        to_ms,
+        grace_ms: i64::try_from(args.grace.as_millis()).unwrap_or(i64::MAX),
+        sent_time_field: args.sent_time_field.clone(),
+    }))
 }
 
 fn is_csv(path: &Path) -> bool {

@@ -2,6 +2,7 @@
 //! record, found as a [`SentKey`] says.
 
 use super::sent_key::SentKey;
+use super::window::Window;
 use anyhow::{bail, Context, Result};
 use serde::de::{Deserializer as _, SeqAccess, Visitor};
 use serde_json::Value;
@@ -48,6 +49,8 @@ pub struct Unreadable {
 pub enum Entry<'a> {
     /// The record's idempotency key.
     Key(&'a str),
+    /// The record's time is outside the reconciliation's window.
+    Outside,
     /// The record has no usable key.
     Unreadable(Unreadable),
 }
@@ -58,15 +61,16 @@ pub fn read_file(
     path: &Path,
     format: FileFormat,
     key: &SentKey,
+    window: Option<&Window>,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let file = File::open(path).with_context(|| format!("cannot open the sent file `{}`", path.display()))?;
     let name = path.display().to_string();
     let input = BufReader::with_capacity(1 << 20, file);
     let read = match format {
-        FileFormat::Jsonl => read_jsonl(input, &name, key, each),
-        FileFormat::Json => read_json(input, &name, key, each),
-        FileFormat::Csv => read_csv(input, &name, key, each),
+        FileFormat::Jsonl => read_jsonl(input, &name, key, window, each),
+        FileFormat::Json => read_json(input, &name, key, window, each),
+        FileFormat::Csv => read_csv(input, &name, key, window, each),
     };
     read.with_context(|| format!("reading the sent file `{name}`"))
 }
@@ -79,6 +83,7 @@ pub fn read_json(
     mut input: impl BufRead,
     name: &str,
     key: &SentKey,
+    window: Option<&Window>,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     // Past a byte-order mark and whitespace to the first byte.
@@ -105,12 +110,13 @@ pub fn read_json(
         }
     };
     if first != b'[' {
-        return read_jsonl(input, name, key, each);
+        return read_jsonl(input, name, key, window, each);
     }
     let mut failed = None;
     let visitor = Elements {
         name,
         key,
+        window,
         each,
         failed: &mut failed,
     };
@@ -125,6 +131,7 @@ pub fn read_json(
 struct Elements<'a, 'b> {
     name: &'a str,
     key: &'a SentKey,
+    window: Option<&'a Window>,
     each: &'a mut dyn FnMut(Entry<'_>) -> Result<()>,
     failed: &'b mut Option<anyhow::Error>,
 }
@@ -139,13 +146,8 @@ impl<'de> Visitor<'de> for Elements<'_, '_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut index = 0u64;
         while let Some(value) = seq.next_element::<Value>()? {
-            let handed = match self.key.of_value(value) {
-                Ok(key) => (self.each)(Entry::Key(&key)),
-                Err(reason) => (self.each)(Entry::Unreadable(Unreadable {
-                    location: format!("{}[{index}]", self.name),
-                    reason,
-                })),
-            };
+            let entry = sent_entry(value, self.key, self.window);
+            let handed = hand(entry, || format!("{}[{index}]", self.name), self.each);
             if let Err(e) = handed {
                 *self.failed = Some(e);
                 return Err(serde::de::Error::custom("stopped"));
@@ -162,6 +164,7 @@ pub fn read_jsonl(
     mut input: impl BufRead,
     name: &str,
     key: &SentKey,
+    window: Option<&Window>,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut line = Vec::new();
@@ -179,13 +182,10 @@ pub fn read_jsonl(
         if text.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match key.of_json(text) {
-            Ok(key) => each(Entry::Key(&key))?,
-            Err(reason) => each(Entry::Unreadable(Unreadable {
-                location: format!("{name}:{number}"),
-                reason,
-            }))?,
-        }
+        let entry = serde_json::from_slice(text)
+            .map_err(|e| format!("not valid JSON: {e}"))
+            .and_then(|value| sent_entry(value, key, window));
+        hand(entry, || format!("{name}:{number}"), each)?;
     }
 }
 
@@ -196,6 +196,7 @@ pub fn read_csv(
     input: impl Read,
     name: &str,
     key: &SentKey,
+    window: Option<&Window>,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(input);
@@ -211,6 +212,19 @@ pub fn read_csv(
             String::from_utf8_lossy(h).into_owned()
         })
         .collect();
+    let time_column = match window {
+        None => None,
+        Some(w) => {
+            let field = w.time_field().map_err(anyhow::Error::msg)?;
+            let found = names.iter().position(|n| n == field);
+            Some(found.with_context(|| {
+                format!(
+                    "the header row has no time column `{field}` (it has: {})",
+                    names.join(", ")
+                )
+            })?)
+        }
+    };
     let field = match key {
         SentKey::Field(field) => field.as_str(),
         SentKey::Template(t) => {
@@ -222,7 +236,7 @@ pub fn read_csv(
                     names.join(", ")
                 );
             }
-            return read_csv_rows(reader, name, &names, key, each);
+            return read_csv_rows(reader, name, &names, key, window, each);
         }
     };
     let Some(column) = names.iter().position(|n| n == field) else {
@@ -243,15 +257,21 @@ pub fn read_csv(
                     location: format!("{name}:{line}"),
                     reason,
                 };
-                match record.get(column) {
-                    None => each(Entry::Unreadable(unreadable(format!(
+                let outside = time_column.zip(window).map(|(i, w)| {
+                    let cell = record.get(i).unwrap_or_default();
+                    w.has_sent_text(&String::from_utf8_lossy(cell)).map(|inside| !inside)
+                });
+                match (outside, record.get(column)) {
+                    (Some(Err(reason)), _) => each(Entry::Unreadable(unreadable(reason)))?,
+                    (Some(Ok(true)), _) => each(Entry::Outside)?,
+                    (_, None) => each(Entry::Unreadable(unreadable(format!(
                         "the row has {} field(s), no `{field}` column",
                         record.len()
                     ))))?,
-                    Some(key) if key.contains(&b'\n') => each(Entry::Unreadable(unreadable(format!(
+                    (_, Some(key)) if key.contains(&b'\n') => each(Entry::Unreadable(unreadable(format!(
                         "the key runs over lines {line}-{end}: an unbalanced quote?"
                     ))))?,
-                    Some(key) => match text_key(key) {
+                    (_, Some(key)) => match text_key(key) {
                         Ok(key) => each(Entry::Key(key))?,
                         Err(reason) => each(Entry::Unreadable(unreadable(reason)))?,
                     },
@@ -274,6 +294,7 @@ fn read_csv_rows(
     name: &str,
     columns: &[String],
     key: &SentKey,
+    window: Option<&Window>,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     let mut record = csv::StringRecord::new();
@@ -286,13 +307,12 @@ fn read_csv_rows(
                     .zip(record.iter())
                     .map(|(c, v)| (c.clone(), Value::String(v.to_string())))
                     .collect();
-                match key.of_value(Value::Object(row)) {
-                    Ok(key) => each(Entry::Key(&key))?,
-                    Err(reason) => each(Entry::Unreadable(Unreadable {
-                        location: format!("{name}:{}", record.position().map_or(0, csv::Position::line)),
-                        reason,
-                    }))?,
-                }
+                let line = record.position().map_or(0, csv::Position::line);
+                hand(
+                    sent_entry(Value::Object(row), key, window),
+                    || format!("{name}:{line}"),
+                    each,
+                )?;
             }
             Err(e) => match e.position() {
                 Some(p) => each(Entry::Unreadable(Unreadable {
@@ -302,6 +322,39 @@ fn read_csv_rows(
                 None => return Err(e).context("cannot read a CSV record"),
             },
         }
+    }
+}
+
+/// What a sent record is: outside the window, or its key.
+enum Sent {
+    Key(String),
+    Outside,
+}
+
+/// The entry of one sent JSON value (or CSV row as an object): outside `window`, or keyed as
+/// `key` says; the error says why it has no usable key or time.
+fn sent_entry(value: Value, key: &SentKey, window: Option<&Window>) -> Result<Sent, String> {
+    if let Some(w) = window {
+        if !w.has_sent_value(&value)? {
+            return Ok(Sent::Outside);
+        }
+    }
+    key.of_value(value).map(Sent::Key)
+}
+
+/// Hands `entry` to `each`, naming it by `location` when it is unreadable.
+fn hand(
+    entry: Result<Sent, String>,
+    location: impl FnOnce() -> String,
+    each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
+) -> Result<()> {
+    match entry {
+        Ok(Sent::Key(key)) => each(Entry::Key(&key)),
+        Ok(Sent::Outside) => each(Entry::Outside),
+        Err(reason) => each(Entry::Unreadable(Unreadable {
+            location: location(),
+            reason,
+        })),
     }
 }
 
@@ -331,6 +384,7 @@ mod tests {
         read(&mut |e| {
             out.push(match e {
                 Entry::Key(k) => k.to_string(),
+                Entry::Outside => "-".to_string(),
                 Entry::Unreadable(u) => format!("!{}: {}", u.location, u.reason),
             });
             Ok(())
@@ -348,11 +402,11 @@ mod tests {
     }
 
     fn jsonl(text: &str) -> Vec<String> {
-        collect(|each| read_jsonl(text.as_bytes(), "sent.jsonl", &field("idempotency_key"), each))
+        collect(|each| read_jsonl(text.as_bytes(), "sent.jsonl", &field("idempotency_key"), None, each))
     }
 
     fn csv(text: &str) -> Vec<String> {
-        collect(|each| read_csv(text.as_bytes(), "sent.csv", &field("idempotency_key"), each))
+        collect(|each| read_csv(text.as_bytes(), "sent.csv", &field("idempotency_key"), None, each))
     }
 
     #[test]
@@ -391,14 +445,14 @@ mod tests {
     #[test]
     fn jsonl_field_is_configurable_and_a_bom_is_ignored() {
         let text = "\u{feff}{\"key\":\"X\"}\n{\"key\":\"Y\"}\n";
-        let got = collect(|each| read_jsonl(text.as_bytes(), "f", &field("key"), each));
+        let got = collect(|each| read_jsonl(text.as_bytes(), "f", &field("key"), None, each));
         assert_eq!(got, ["X", "Y"]);
     }
 
     #[test]
     fn jsonl_invalid_utf8_is_an_unreadable_line() {
         let text = b"\"A\"\n\"\xff\xfe\"\n\"B\"\n";
-        let got = collect(|each| read_jsonl(&text[..], "f", &field("idempotency_key"), each));
+        let got = collect(|each| read_jsonl(&text[..], "f", &field("idempotency_key"), None, each));
         assert_eq!(got[0], "A");
         assert!(got[1].starts_with("!f:2: not valid JSON"), "{}", got[1]);
         assert_eq!(got[2], "B");
@@ -438,8 +492,14 @@ mod tests {
 
     #[test]
     fn csv_without_the_key_column_is_an_error_naming_the_columns() {
-        let err =
-            read_csv("a,b\n1,2\n".as_bytes(), "f", &field("idempotency_key"), &mut |_| Ok(())).expect_err("no column");
+        let err = read_csv(
+            "a,b\n1,2\n".as_bytes(),
+            "f",
+            &field("idempotency_key"),
+            None,
+            &mut |_| Ok(()),
+        )
+        .expect_err("no column");
         let text = format!("{err:#}");
         assert!(
             text.contains("no column `idempotency_key`") && text.contains("a, b"),
@@ -467,7 +527,7 @@ mod tests {
     }
 
     fn json(text: &str, key: &SentKey) -> Vec<String> {
-        collect(|each| read_json(text.as_bytes(), "sent.json", key, each))
+        collect(|each| read_json(text.as_bytes(), "sent.json", key, None, each))
     }
 
     #[test]
@@ -496,7 +556,7 @@ mod tests {
 
     #[test]
     fn a_broken_json_array_is_an_error_with_its_place() {
-        let err = read_json("[\"A\", {".as_bytes(), "f", &field("k"), &mut |_| Ok(())).expect_err("broken");
+        let err = read_json("[\"A\", {".as_bytes(), "f", &field("k"), None, &mut |_| Ok(())).expect_err("broken");
         assert!(format!("{err:#}").contains("line 1"), "{err:#}");
     }
 
@@ -507,6 +567,7 @@ mod tests {
                 "status,amount,payment_id\nPAID,3,P1\nNEW,4,\n".as_bytes(),
                 "sent.csv",
                 &template("{payment_id}:{status}"),
+                None,
                 each,
             )
         });
@@ -516,6 +577,7 @@ mod tests {
             "a,status\n1,2\n".as_bytes(),
             "f",
             &template("{payment_id}:{status}"),
+            None,
             &mut |_| Ok(()),
         )
         .expect_err("no payment_id column");
@@ -524,5 +586,50 @@ mod tests {
             text.contains("no column `payment_id`") && text.contains("a, status"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn records_outside_the_window_are_told_apart_in_every_format() {
+        let w = Window {
+            from_ms: 1_000,
+            to_ms: 2_000,
+            grace_ms: 0,
+            sent_time_field: Some("at".into()),
+        };
+        let jsonl = collect(|each| {
+            read_jsonl(
+                "{\"k\":\"A\",\"at\":1500}\n{\"k\":\"B\",\"at\":2500}\n{\"k\":\"C\"}\n".as_bytes(),
+                "f",
+                &field("k"),
+                Some(&w),
+                each,
+            )
+        });
+        assert_eq!(jsonl, ["A", "-", "!f:3: the record has no time field `at`"]);
+        let csv = collect(|each| {
+            read_csv(
+                "k,at\nA,1970-01-01T00:00:01.5Z\nB,500\nC,soon\n".as_bytes(),
+                "f",
+                &field("k"),
+                Some(&w),
+                each,
+            )
+        });
+        assert_eq!(csv.len(), 3, "{csv:?}");
+        assert_eq!(&csv[..2], ["A", "-"]);
+        assert!(csv[2].starts_with("!f:4: time column `at`"), "{}", csv[2]);
+        let templated = collect(|each| {
+            read_csv(
+                "id,at\nA,1999\nB,2000\n".as_bytes(),
+                "f",
+                &template("{id}"),
+                Some(&w),
+                each,
+            )
+        });
+        assert_eq!(templated, ["A", "-"]);
+        let err =
+            read_csv("k\nA\n".as_bytes(), "f", &field("k"), Some(&w), &mut |_| Ok(())).expect_err("no time column");
+        assert!(format!("{err:#}").contains("no time column `at`"), "{err:#}");
     }
 }

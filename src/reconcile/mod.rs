@@ -10,3 +10,4 @@ pub mod records;
 pub mod report;
 pub mod sent_key;
 pub mod topic;
+pub mod window;

@@ -9,6 +9,7 @@ use super::records::{self, Keyed};
 use super::report::{Findings, Report, ReportFormat, Side, Summary};
 use super::sent_key::SentKey;
 use super::topic;
+use super::window::Window;
 use crate::engine::emit::IDEMPOTENCY_KEY_HEADER;
 use anyhow::{bail, Result};
 use rdkafka::message::BorrowedMessage;
@@ -77,6 +78,8 @@ pub struct Options {
     pub sent: SentSource,
     /// How a sent record's key is found.
     pub sent_key: SentKey,
+    /// The period reconciled (everything when `None`).
+    pub window: Option<Window>,
     /// The processed topic.
     pub processed: String,
     /// What the processed topic holds.
@@ -146,16 +149,25 @@ pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
 
 fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
     let progress = Progress::start("reading sent keys", "records", opts.progress);
+    let window = opts.window.as_ref();
     match &opts.sent {
-        SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_key, &mut |entry| {
+        SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_key, window, &mut |entry| {
             progress.inc();
             match entry {
                 Entry::Key(key) => count(Keyed::Key(key.into()), Side::Sent, ledger, report, String::new),
+                Entry::Outside => {
+                    report.summary().outside_window_sent += 1;
+                    Ok(())
+                }
                 Entry::Unreadable(u) => report.unreadable(Side::Sent, &u),
             }
         })?,
         SentSource::Topic(name) => topic::read_to_end(&opts.kafka, name, &mut |m| {
             progress.inc();
+            if window.is_some_and(|w| timestamp(m).is_some_and(|ms| !w.has_sent(ms))) {
+                report.summary().outside_window_sent += 1;
+                return Ok(());
+            }
             let keyed = records::sent(header(m, IDEMPOTENCY_KEY_HEADER), m.payload(), &opts.sent_key);
             count(keyed, Side::Sent, ledger, report, || location(m))
         })?,
@@ -166,8 +178,13 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
 
 fn read_processed(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
     let progress = Progress::start("reading processed keys", "records", opts.progress);
+    let window = opts.window.as_ref();
     topic::read_to_end(&opts.kafka, &opts.processed, &mut |m| {
         progress.inc();
+        if window.is_some_and(|w| timestamp(m).is_some_and(|ms| !w.has_processed(ms))) {
+            report.summary().outside_window_processed += 1;
+            return Ok(());
+        }
         let keyed = match opts.processed_kind {
             ProcessedKind::Output => records::output(header(m, IDEMPOTENCY_KEY_HEADER)),
             ProcessedKind::Trace => records::trace(m.payload(), opts.trace_node.as_deref()),
@@ -176,6 +193,11 @@ fn read_processed(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> R
     })?;
     progress.finish();
     Ok(())
+}
+
+/// A record's timestamp in epoch milliseconds, when it has one.
+fn timestamp(m: &BorrowedMessage<'_>) -> Option<i64> {
+    m.timestamp().to_millis()
 }
 
 /// Adds what one record contributes; `location` names it when it is unreadable.

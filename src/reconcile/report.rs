@@ -95,6 +95,10 @@ pub struct Summary {
     /// Records read from the processed topic that do not count (trace records that are not
     /// outputs, other formats or nodes).
     pub skipped: u64,
+    /// Sent records whose time is outside the window.
+    pub outside_window_sent: u64,
+    /// Processed records whose timestamp is outside the window (and its grace).
+    pub outside_window_processed: u64,
     /// Keys sent, never processed.
     pub missing: u64,
     /// Keys processed, never sent.
@@ -142,11 +146,15 @@ impl Findings {
     pub fn render(&self, sent: &str, processed: &str) -> String {
         let s = &self.summary;
         let mut out = String::new();
-        let _ = writeln!(
+        let _ = write!(
             out,
             "sent       {sent}: {} records, {} distinct keys",
             s.sent_records, s.sent_keys
         );
+        if s.outside_window_sent > 0 {
+            let _ = write!(out, " ({} records outside the window)", s.outside_window_sent);
+        }
+        out.push('\n');
         let _ = write!(
             out,
             "processed  {processed}: {} records, {} distinct keys",
@@ -154,6 +162,9 @@ impl Findings {
         );
         if s.skipped > 0 {
             let _ = write!(out, " ({} records not counted: not outputs)", s.skipped);
+        }
+        if s.outside_window_processed > 0 {
+            let _ = write!(out, " ({} records outside the window)", s.outside_window_processed);
         }
         out.push('\n');
         if s.dropped > 0 {
@@ -473,6 +484,8 @@ mod tests {
             processed_records: 5,
             processed_keys: 3,
             skipped: 0,
+            outside_window_sent: 0,
+            outside_window_processed: 0,
             missing: 2,
             ghost: 1,
             duplicate: 1,
