@@ -5,6 +5,10 @@
 //! whose input offsets were committed; restores stopped at its first offset (the last stable
 //! offset a read_committed consumer is told is the end), the stores missed its records, and
 //! their keys were processed again: 908 duplicated outputs.
+//!
+//! Cause 8: such a transaction, whose commit the client saw succeed and its store applied, was
+//! settled as aborted by the producer's next (aborted) transaction; the store, trusted after a
+//! restart, kept state whose outputs were gone. A restore checks its store's last record.
 
 mod common;
 
@@ -144,4 +148,36 @@ fn a_stop_request_ends_a_restore_that_waits_for_an_open_transaction() {
         started.elapsed()
     );
     assert!(format!("{err:#}").contains("stopping"), "{err:#}");
+}
+
+/// A store that applied a transaction the changelog holds as aborted (the commit was reported,
+/// then Kafka settled the transaction as aborted: docs/chaos-runs.md, cause 8) is not trusted:
+/// the restore wipes it and rebuilds it from the committed records only.
+#[test]
+fn a_store_whose_last_applied_record_was_aborted_is_rebuilt_from_the_committed_records() {
+    let (mut f, producer) = fixture("restore-aborted-applied");
+    producer.abort_transaction(Duration::from_secs(30)).expect("abort");
+    // k0..k2 committed at offsets 0-2 (marker 3), k3 and k4 aborted at 4 and 5: the store
+    // applied all five, as when it trusted a commit later settled as aborted.
+    let records: Vec<(Vec<u8>, Option<Vec<u8>>)> = (0..5)
+        .map(|i| (format!("k{i}").into_bytes(), Some(b"v".to_vec())))
+        .collect();
+    f.store.apply_restored(0, &records, 5).expect("applies");
+    let report = run(&mut f, Duration::from_secs(30), &|| true).expect("restores");
+    assert!(report.wiped, "the store was not trusted");
+    assert_eq!(
+        (report.from_offset, report.restored),
+        (0, 3),
+        "rebuilt from the committed records"
+    );
+    assert!((0..3).all(|i| has(&f.store, &format!("k{i}"))));
+    assert!(
+        !has(&f.store, "k3") && !has(&f.store, "k4"),
+        "the aborted records are gone"
+    );
+
+    // A store whose last record is committed is trusted: nothing to read past it.
+    let report = run(&mut f, Duration::from_secs(30), &|| true).expect("restores");
+    assert!(!report.wiped);
+    assert_eq!(report.restored, 0);
 }

@@ -67,11 +67,27 @@ pub fn restore(
     let limit = settings.open_transaction_limit;
     let StableEnd { low, high } = stable_end::wait(&consumer, config, topic, partition, limit, progress)
         .with_context(|| format!("cannot find the end of changelog `{topic}` partition {partition}"))?;
+    let uncommitted = match store.changelog_offset(index) {
+        Ok(Some(last)) if (low..high).contains(&last) && !is_committed(&consumer, topic, partition, last)? => {
+            tracing::warn!(
+                store = %name,
+                partition,
+                last_applied = last,
+                "the store's last changelog record is not committed (its transaction was resolved as \
+                 aborted after the store applied it: docs/chaos-runs.md, cause 8); wiping it and \
+                 restoring from what the changelog holds"
+            );
+            store.wipe(index)?;
+            Rebuild::Uncommitted.count(metrics, &name);
+            true
+        }
+        _ => false,
+    };
     let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
     if let Some(r) = rebuilt {
         r.count(metrics, &name);
     }
-    let wiped = rebuilt.is_some();
+    let wiped = uncommitted || rebuilt.is_some();
     let mut restored = 0u64;
     // Per partition: tasks of one store restoring at once (several threads) each have their own.
     let remaining = metrics
@@ -166,6 +182,9 @@ pub enum Rebuild {
     PastChangelogEnd,
     /// Changelog records the store still needed were deleted.
     RecordsDeleted,
+    /// The last changelog record the store applied is not committed: its transaction, which
+    /// the store applied when the commit was reported, was resolved as aborted later.
+    Uncommitted,
 }
 
 impl Rebuild {
@@ -177,6 +196,7 @@ impl Rebuild {
             Rebuild::OffsetCorrupt => "offset_corrupt",
             Rebuild::PastChangelogEnd => "past_changelog_end",
             Rebuild::RecordsDeleted => "records_deleted",
+            Rebuild::Uncommitted => "uncommitted",
         }
     }
 
@@ -237,6 +257,35 @@ pub fn resume_point(
         return Ok((low, Some(Rebuild::RecordsDeleted)));
     }
     Ok((from_offset.max(low), wiped))
+}
+
+/// True when the record at `offset` of `topic`/`partition` is committed: a read_committed
+/// consumer placed there hands it out, where it skips a record of an aborted transaction (or
+/// one compaction removed, which only costs a needless full restore). Call once no transaction
+/// is open below the partition's end, so the record's fate is settled.
+///
+/// A store applies a transaction's changes when librdkafka reports its commit. When the broker
+/// lost that transaction's markers, Kafka settles its records with the producer id's next marker
+/// on each partition, and an abort there turns them into aborted records after the fact; the
+/// store must then not be trusted (docs/chaos-runs.md, cause 8).
+fn is_committed(consumer: &BaseConsumer, topic: &str, partition: i32, offset: i64) -> Result<bool> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .context("invalid changelog offset")?;
+    consumer.assign(&tpl).context("cannot assign the changelog partition")?;
+    let deadline = Instant::now() + STALL_TIMEOUT;
+    loop {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => return Ok(m.offset() == offset),
+            Some(Err(e)) => bail!("reading changelog `{topic}` partition {partition} at offset {offset}: {e}"),
+            None if position(consumer, topic, partition) > offset => return Ok(false),
+            None if Instant::now() > deadline => bail!(
+                "could not read changelog `{topic}` partition {partition} at offset {offset} within {}s",
+                STALL_TIMEOUT.as_secs()
+            ),
+            None => {}
+        }
+    }
 }
 
 /// The consumer's fetch position in the partition (0 before the first fetch).
