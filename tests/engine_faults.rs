@@ -60,6 +60,46 @@ fn a_record_that_fails_half_written_is_never_committed_half() {
     assert!(injected(&log, "record_fails_midway"), "the fault fired");
 }
 
+/// An abort after commits first checks that the group still has what they handed on (cause 8:
+/// a commit the broker later settled as aborted must not be skipped by a local rewind); when it
+/// does, as here, the thread rewinds in place and goes on, without reviving its tasks.
+#[test]
+fn an_abort_after_commits_finds_them_standing_and_rewinds_in_place() {
+    let names = Names::new("fault-abort-late");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let log = dir.path().join("tally.log");
+    // The second commit fails: the first has handed offsets on by then.
+    let env = [("TALLY_FAULTS", "commit_abortable@2".to_string())];
+    let tally = Tally::start_with_env(&topology, "i1", log.clone(), &env);
+    let first = generator::payments(100, 0, 4096, 23);
+    produce(&names.input, &first.records);
+    assert_eq!(
+        wait_for_count(&names.output, first.expected_keys.len(), Duration::from_secs(60)),
+        first.expected_keys.len()
+    );
+    let second = generator::payments(300, 0, 4096, 24);
+    produce(&names.input, &second.records);
+    let expected: Vec<String> = first
+        .expected_keys
+        .iter()
+        .chain(&second.expected_keys)
+        .cloned()
+        .collect();
+    assert_exactly_once(&names.output, &expected);
+    let lines = tally.stop();
+    assert!(injected(&log, "commit_abortable"), "the fault fired");
+    assert!(
+        !events(&lines, "aborting the transaction and rewinding").is_empty(),
+        "the abort rewound in place"
+    );
+    assert!(
+        !lines.iter().any(|l| l.to_string().contains("reviving the tasks")),
+        "the earlier commits stood: no revival"
+    );
+}
+
 /// Cause: an abort rewound each partition to the group's committed offset, read back from the
 /// coordinator; a partition it did not answer (no commit yet, an unstable offset while a
 /// transaction's markers were in flight, a coordinator loading after a broker restart) was sent

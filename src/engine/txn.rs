@@ -44,6 +44,8 @@ pub struct Txn {
     phase: Phase,
     rewind: HashMap<Partition, i64>,
     next: HashMap<Partition, i64>,
+    /// Per partition, the offset this thread's last successful commit handed on.
+    handed_on: HashMap<Partition, i64>,
 }
 
 impl Default for Txn {
@@ -52,6 +54,7 @@ impl Default for Txn {
             phase: Phase::Idle,
             rewind: HashMap::new(),
             next: HashMap::new(),
+            handed_on: HashMap::new(),
         }
     }
 }
@@ -125,7 +128,16 @@ impl Txn {
     pub fn committed(&mut self) {
         debug_assert!(self.may_commit(), "a poisoned transaction committed");
         self.phase = Phase::Idle;
-        self.rewind.clear();
+        for partition in std::mem::take(&mut self.rewind).into_keys() {
+            if let Some(&next) = self.next.get(&partition) {
+                self.handed_on.insert(partition, next);
+            }
+        }
+    }
+
+    /// The offset this thread's last successful commit handed on for `partition`, if any.
+    pub fn handed_on(&self, partition: &Partition) -> Option<i64> {
+        self.handed_on.get(partition).copied()
     }
 
     /// The abort succeeded: returns where each partition the transaction consumed from must
@@ -150,6 +162,7 @@ impl Txn {
     pub fn forget(&mut self, partition: &Partition) {
         self.rewind.remove(partition);
         self.next.remove(partition);
+        self.handed_on.remove(partition);
     }
 
     /// The transaction's outcome is unknown: it must not commit any more.
@@ -251,5 +264,23 @@ mod tests {
         t.forget(&p(0));
         let rewind = t.aborted();
         assert_eq!((rewind.get(&p(0)), rewind.get(&p(1))), (None, Some(&7)));
+    }
+
+    #[test]
+    fn a_commit_records_what_it_handed_on_and_an_abort_keeps_it() {
+        let mut t = Txn::default();
+        t.consumed(&p(0), 10);
+        t.consumed(&p(0), 11);
+        assert_eq!(t.handed_on(&p(0)), None, "nothing committed yet");
+        t.committed();
+        assert_eq!(t.handed_on(&p(0)), Some(12));
+        t.consumed(&p(0), 12);
+        t.consumed(&p(1), 3);
+        let rewind = t.aborted();
+        assert_eq!(rewind.get(&p(0)), Some(&12));
+        assert_eq!(t.handed_on(&p(0)), Some(12), "an abort hands nothing on");
+        assert_eq!(t.handed_on(&p(1)), None);
+        t.forget(&p(0));
+        assert_eq!(t.handed_on(&p(0)), None);
     }
 }

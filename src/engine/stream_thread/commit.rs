@@ -177,10 +177,59 @@ impl ThreadState {
             .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
         self.cfg.metrics.transactions_aborted.inc();
         self.tasks.values_mut().for_each(|t| t.aborted());
-        for ((topic, partition), offset) in self.txn.aborted() {
+        let rewind = self.txn.aborted();
+        self.earlier_commits_stand(consumer, &rewind)?;
+        for ((topic, partition), offset) in rewind {
             consumer
                 .seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
                 .map_err(|e| EngineError::from_kafka(e, "rewinding after an abort"))?;
+        }
+        Ok(())
+    }
+
+    /// After an abort, checks that the group still has what this thread's last commits handed
+    /// on for the partitions it rewinds; if not, the generation ends and the tasks come back
+    /// from what Kafka holds (positions from the group, stores checked against their changelogs).
+    ///
+    /// An earlier commit can be undone after librdkafka reported it: when the broker lost its
+    /// markers, Kafka settles its records with the producer id's next marker on each partition,
+    /// and this abort is that marker (docs/chaos-runs.md, cause 8). Rewinding to this
+    /// transaction's first records would then skip the undone commit's input for good.
+    fn earlier_commits_stand(
+        &self,
+        consumer: &BaseConsumer<StreamContext>,
+        rewind: &std::collections::HashMap<(String, i32), i64>,
+    ) -> Result<(), EngineError> {
+        let mut asked = TopicPartitionList::new();
+        let mut expected = Vec::new();
+        for partition in rewind.keys() {
+            if let Some(handed_on) = self.txn.handed_on(partition) {
+                asked.add_partition(&partition.0, partition.1);
+                expected.push((partition, handed_on));
+            }
+        }
+        if expected.is_empty() {
+            return Ok(());
+        }
+        let undone = |why: String| {
+            Err(EngineError::TaskMigrated(format!(
+                "after an abort, {why}; reviving the tasks from what Kafka committed (docs/chaos-runs.md, cause 8)"
+            )))
+        };
+        let found = match consumer.committed_offsets(asked, FENCE_LOOKUP) {
+            Ok(found) => found,
+            Err(e) => return undone(format!("the group's committed offsets could not be read ({e})")),
+        };
+        for ((topic, partition), handed_on) in expected {
+            let group = found.find_partition(topic, *partition).and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            });
+            if group.is_none_or(|g| g < handed_on) {
+                return undone(format!(
+                    "the group has `{topic}[{partition}]` at {group:?} where this thread's last commit handed on {handed_on}: that commit was undone"
+                ));
+            }
         }
         Ok(())
     }
