@@ -140,6 +140,11 @@ impl Txn {
         self.handed_on.get(partition).copied()
     }
 
+    /// Every partition this thread's commits handed an offset on for, with that offset.
+    pub fn all_handed_on(&self) -> impl Iterator<Item = (&Partition, i64)> {
+        self.handed_on.iter().map(|(p, o)| (p, *o))
+    }
+
     /// The abort succeeded: returns where each partition the transaction consumed from must
     /// be rewound to, and starts over.
     pub fn aborted(&mut self) -> HashMap<Partition, i64> {
@@ -280,6 +285,7 @@ mod tests {
         assert_eq!(rewind.get(&p(0)), Some(&12));
         assert_eq!(t.handed_on(&p(0)), Some(12), "an abort hands nothing on");
         assert_eq!(t.handed_on(&p(1)), None);
+        assert_eq!(t.all_handed_on().collect::<Vec<_>>(), vec![(&p(0), 12)]);
         t.forget(&p(0));
         assert_eq!(t.handed_on(&p(0)), None);
     }

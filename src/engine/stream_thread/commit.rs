@@ -178,7 +178,7 @@ impl ThreadState {
         self.cfg.metrics.transactions_aborted.inc();
         self.tasks.values_mut().for_each(|t| t.aborted());
         let rewind = self.txn.aborted();
-        self.earlier_commits_stand(consumer, &rewind)?;
+        self.earlier_commits_stand(consumer)?;
         for ((topic, partition), offset) in rewind {
             consumer
                 .seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
@@ -188,25 +188,20 @@ impl ThreadState {
     }
 
     /// After an abort, checks that the group still has what this thread's last commits handed
-    /// on for the partitions it rewinds; if not, the generation ends and the tasks come back
+    /// on, for every partition it owns; if not, the generation ends and the tasks come back
     /// from what Kafka holds (positions from the group, stores checked against their changelogs).
     ///
     /// An earlier commit can be undone after librdkafka reported it: when the broker lost its
     /// markers, Kafka settles its records with the producer id's next marker on each partition,
-    /// and this abort is that marker (docs/chaos-runs.md, cause 8). Rewinding to this
-    /// transaction's first records would then skip the undone commit's input for good.
-    fn earlier_commits_stand(
-        &self,
-        consumer: &BaseConsumer<StreamContext>,
-        rewind: &std::collections::HashMap<(String, i32), i64>,
-    ) -> Result<(), EngineError> {
+    /// and this abort is that marker (docs/chaos-runs.md, cause 8); on `__consumer_offsets` it
+    /// undoes the offsets of every partition that commit carried, not only the ones this
+    /// transaction read. Rewinding in place would then skip the undone commit's input for good.
+    fn earlier_commits_stand(&self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
         let mut asked = TopicPartitionList::new();
         let mut expected = Vec::new();
-        for partition in rewind.keys() {
-            if let Some(handed_on) = self.txn.handed_on(partition) {
-                asked.add_partition(&partition.0, partition.1);
-                expected.push((partition, handed_on));
-            }
+        for (partition, handed_on) in self.txn.all_handed_on() {
+            asked.add_partition(&partition.0, partition.1);
+            expected.push((partition, handed_on));
         }
         if expected.is_empty() {
             return Ok(());
