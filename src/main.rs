@@ -45,6 +45,8 @@ enum Command {
         #[arg(long, value_enum, default_value_t)]
         format: commands::describe::Format,
     },
+    /// Print the JSON Schema of topology files (for editors; `tally validate` checks the rest).
+    Schema,
     /// Run the payments topology on an in-process mock Kafka (no broker needed; not exactly-once).
     Demo {
         /// Distinct payment events to generate (each is sent 1-5 times).
@@ -97,6 +99,10 @@ fn main() -> ExitCode {
             commands::run::run(&topology, &id, http_address).map(|()| true)
         }
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
+        Command::Schema => {
+            print!("{}", tally::config::schema::topology_schema());
+            Ok(true)
+        }
         Command::Redrive(args) => commands::redrive::redrive(&args),
         Command::Inspect(args) => commands::inspect::inspect(&args),
         Command::Describe { topology, format } => commands::describe::describe_file(&topology, format)

@@ -5,6 +5,7 @@ pub mod interpolate;
 pub mod pipelines;
 pub mod raw;
 pub mod reconcile;
+pub mod schema;
 pub mod validate;
 
 use crate::topology::Topology;
