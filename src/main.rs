@@ -45,6 +45,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t)]
         format: commands::describe::Format,
     },
+    /// Start an application over, like kafka-streams-application-reset: delete its group
+    /// offsets, internal topics and this host's state (refused while an instance runs). Prints
+    /// the plan; --execute carries it out.
+    Reset(commands::reset::ResetArgs),
     /// Print the JSON Schema of topology files (for editors; `tally validate` checks the rest).
     Schema,
     /// Run the payments topology on an in-process mock Kafka (no broker needed; not exactly-once).
@@ -105,6 +109,7 @@ fn main() -> ExitCode {
         }
         Command::Redrive(args) => commands::redrive::redrive(&args),
         Command::Inspect(args) => commands::inspect::inspect(&args),
+        Command::Reset(args) => commands::reset::reset(&args),
         Command::Describe { topology, format } => commands::describe::describe_file(&topology, format)
             .map(|text| print!("{text}"))
             .map(|()| true)

@@ -5,5 +5,6 @@ pub mod inspect;
 pub mod logging;
 pub mod reconcile;
 pub mod redrive;
+pub mod reset;
 pub mod run;
 pub mod validate;

@@ -148,15 +148,7 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
             &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
         ))
         .context("cannot read the configuration of the topics tally writes")?;
-    let mut compacted: Vec<String> = t
-        .pipelines
-        .iter()
-        .flat_map(|p| p.store_names())
-        .map(|s| t.changelog_topic(&s))
-        .collect();
-    if t.reconcile.is_some() {
-        compacted.push(t.changelog_topic(Topology::RECONCILE_STORE));
-    }
+    let mut compacted = t.changelog_topics();
     compacted.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
     for (topic, result) in topics.iter().zip(results) {
         let config =

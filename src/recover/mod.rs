@@ -2,3 +2,4 @@
 
 pub mod inspect;
 pub mod redrive;
+pub mod reset;

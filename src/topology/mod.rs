@@ -334,6 +334,20 @@ impl Topology {
         format!("{}-{}-changelog", self.application_id, store)
     }
 
+    /// Every changelog topic: each pipeline's stores, then the reconciler's.
+    pub fn changelog_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = self
+            .pipelines
+            .iter()
+            .flat_map(|p| p.store_names())
+            .map(|s| self.changelog_topic(&s))
+            .collect();
+        if self.reconcile.is_some() {
+            topics.push(self.changelog_topic(Self::RECONCILE_STORE));
+        }
+        topics
+    }
+
     /// The pipeline a consumed topic belongs to, and the stage it feeds.
     pub fn stage_for_topic(&self, topic: &str) -> Option<(&Pipeline, Stage)> {
         self.pipelines.iter().find_map(|p| {
