@@ -67,8 +67,15 @@ pub fn restore(
     let limit = settings.open_transaction_limit;
     let StableEnd { low, high } = stable_end::wait(&consumer, config, topic, partition, limit, progress)
         .with_context(|| format!("cannot find the end of changelog `{topic}` partition {partition}"))?;
-    let uncommitted = match store.changelog_offset(index) {
-        Ok(Some(last)) if (low..high).contains(&last) && !is_committed(&consumer, topic, partition, last)? => {
+    // The check assigns the partition; the read below then seeks rather than assigning again:
+    // one assignment per consumer, as before the check (the first sweep with two assignments
+    // saw librdkafka 2.12 abort on an assertion, `rktp->rktp_started`, in an instance's close).
+    let stored = match store.changelog_offset(index) {
+        Ok(Some(last)) if (low..high).contains(&last) => Some(is_committed(&consumer, topic, partition, last)?),
+        _ => None,
+    };
+    let uncommitted = match (stored, store.changelog_offset(index)) {
+        (Some(false), Ok(Some(last))) => {
             tracing::warn!(
                 store = %name,
                 partition,
@@ -96,10 +103,16 @@ pub fn restore(
     remaining.set(high.saturating_sub(from_offset));
     let mut last_progress = Instant::now();
     if high > from_offset {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(topic, partition, Offset::Offset(from_offset))
-            .context("invalid restore position")?;
-        consumer.assign(&tpl).context("cannot assign the changelog partition")?;
+        if stored.is_some() {
+            consumer
+                .seek(topic, partition, Offset::Offset(from_offset), STALL_TIMEOUT)
+                .context("cannot seek to the restore position")?;
+        } else {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition_offset(topic, partition, Offset::Offset(from_offset))
+                .context("invalid restore position")?;
+            consumer.assign(&tpl).context("cannot assign the changelog partition")?;
+        }
         let mut batch = Vec::with_capacity(BATCH);
         let mut last = from_offset - 1;
         let mut idle_since = Instant::now();
