@@ -120,7 +120,9 @@ pub fn read_json(
         each,
         failed: &mut failed,
     };
-    let read = serde_json::Deserializer::from_reader(input).deserialize_seq(visitor);
+    let mut de = serde_json::Deserializer::from_reader(input);
+    // `end` refuses anything but whitespace after the array.
+    let read = (&mut de).deserialize_seq(visitor).and_then(|()| de.end());
     if let Some(e) = failed {
         return Err(e);
     }
@@ -547,6 +549,8 @@ mod tests {
         );
         assert!(json("  \n ", &field("k")).is_empty(), "an empty file has no records");
         assert!(json("[]", &field("k")).is_empty());
+        let trailing = read_json("[\"A\"] x".as_bytes(), "f", &field("k"), None, &mut |_| Ok(()));
+        assert!(trailing.is_err(), "text after the array is refused");
     }
 
     #[test]
