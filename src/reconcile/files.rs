@@ -1,13 +1,13 @@
-//! Keys from a file of what upstream says it sent: JSON Lines, a JSON array or CSV, one key per
-//! record, found as a [`SentKey`] says.
+//! Keys from a file of what upstream says it sent: JSON Lines, a JSON array or CSV (read by
+//! `csv_file`), one key per record, found as a [`SentKey`] says.
 
 use super::sent_key::SentKey;
 use super::window::Window;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::de::{Deserializer as _, SeqAccess, Visitor};
 use serde_json::Value;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 /// The layout of a sent file.
@@ -70,7 +70,7 @@ pub fn read_file(
     let read = match format {
         FileFormat::Jsonl => read_jsonl(input, &name, key, window, each),
         FileFormat::Json => read_json(input, &name, key, window, each),
-        FileFormat::Csv => read_csv(input, &name, key, window, each),
+        FileFormat::Csv => super::csv_file::read_csv(input, &name, key, window, each),
     };
     read.with_context(|| format!("reading the sent file `{name}`"))
 }
@@ -191,151 +191,15 @@ pub fn read_jsonl(
     }
 }
 
-/// Reads CSV with a header row. The key is the column a field names, or a key template built
-/// from the row's columns (cells are text: `1299.0` stays `1299.0`). An empty input has no
-/// records; a header without a needed column is an error (the whole file would be unreadable).
-pub fn read_csv(
-    input: impl Read,
-    name: &str,
-    key: &SentKey,
-    window: Option<&Window>,
-    each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
-) -> Result<()> {
-    let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(input);
-    let headers = reader.byte_headers().context("cannot read the header row")?.clone();
-    if headers.is_empty() {
-        return Ok(());
-    }
-    let names: Vec<String> = headers
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let h = if i == 0 { h.strip_prefix(BOM).unwrap_or(h) } else { h };
-            String::from_utf8_lossy(h).into_owned()
-        })
-        .collect();
-    let time_column = match window {
-        None => None,
-        Some(w) => {
-            let field = w.time_field().map_err(anyhow::Error::msg)?;
-            let found = names.iter().position(|n| n == field);
-            Some(found.with_context(|| {
-                format!(
-                    "the header row has no time column `{field}` (it has: {})",
-                    names.join(", ")
-                )
-            })?)
-        }
-    };
-    let field = match key {
-        SentKey::Field(field) => field.as_str(),
-        SentKey::Template(t) => {
-            let missing: Vec<&str> = t.roots().filter(|r| !names.iter().any(|n| n == r)).collect();
-            if !missing.is_empty() {
-                bail!(
-                    "the header row has no column {} for `{t}` (it has: {})",
-                    missing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "),
-                    names.join(", ")
-                );
-            }
-            return read_csv_rows(reader, name, &names, key, window, each);
-        }
-    };
-    let Some(column) = names.iter().position(|n| n == field) else {
-        bail!(
-            "the header row has no column `{field}` (it has: {}); name the key column with --sent-field, \
-             or build the key from the columns with --sent-key",
-            names.join(", ")
-        );
-    };
-    let mut record = csv::ByteRecord::new();
-    loop {
-        match reader.read_byte_record(&mut record) {
-            Ok(false) => return Ok(()),
-            Ok(true) => {
-                let line = record.position().map_or(0, csv::Position::line);
-                let end = reader.position().line();
-                let unreadable = |reason: String| Unreadable {
-                    location: format!("{name}:{line}"),
-                    reason,
-                };
-                let outside = time_column.zip(window).map(|(i, w)| {
-                    let cell = record.get(i).unwrap_or_default();
-                    w.has_sent_text(&String::from_utf8_lossy(cell)).map(|inside| !inside)
-                });
-                match (outside, record.get(column)) {
-                    (Some(Err(reason)), _) => each(Entry::Unreadable(unreadable(reason)))?,
-                    (Some(Ok(true)), _) => each(Entry::Outside)?,
-                    (_, None) => each(Entry::Unreadable(unreadable(format!(
-                        "the row has {} field(s), no `{field}` column",
-                        record.len()
-                    ))))?,
-                    (_, Some(key)) if key.contains(&b'\n') => each(Entry::Unreadable(unreadable(format!(
-                        "the key runs over lines {line}-{end}: an unbalanced quote?"
-                    ))))?,
-                    (_, Some(key)) => match text_key(key) {
-                        Ok(key) => each(Entry::Key(key))?,
-                        Err(reason) => each(Entry::Unreadable(unreadable(reason)))?,
-                    },
-                }
-            }
-            Err(e) => match e.position() {
-                Some(p) => each(Entry::Unreadable(Unreadable {
-                    location: format!("{name}:{}", p.line()),
-                    reason: format!("not valid CSV: {e}"),
-                }))?,
-                None => return Err(e).context("cannot read a CSV record"),
-            },
-        }
-    }
-}
-
-/// The template-keyed rows of a CSV file (see [`read_csv`]).
-fn read_csv_rows(
-    mut reader: csv::Reader<impl Read>,
-    name: &str,
-    columns: &[String],
-    key: &SentKey,
-    window: Option<&Window>,
-    each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
-) -> Result<()> {
-    let mut record = csv::StringRecord::new();
-    loop {
-        match reader.read_record(&mut record) {
-            Ok(false) => return Ok(()),
-            Ok(true) => {
-                let row: serde_json::Map<String, Value> = columns
-                    .iter()
-                    .zip(record.iter())
-                    .map(|(c, v)| (c.clone(), Value::String(v.to_string())))
-                    .collect();
-                let line = record.position().map_or(0, csv::Position::line);
-                hand(
-                    sent_entry(Value::Object(row), key, window),
-                    || format!("{name}:{line}"),
-                    each,
-                )?;
-            }
-            Err(e) => match e.position() {
-                Some(p) => each(Entry::Unreadable(Unreadable {
-                    location: format!("{name}:{}", p.line()),
-                    reason: format!("not a valid CSV row of text: {e}"),
-                }))?,
-                None => return Err(e).context("cannot read a CSV record"),
-            },
-        }
-    }
-}
-
 /// What a sent record is: outside the window, or its key.
-enum Sent {
+pub(super) enum Sent {
     Key(String),
     Outside,
 }
 
 /// The entry of one sent JSON value (or CSV row as an object): outside `window`, or keyed as
 /// `key` says; the error says why it has no usable key or time.
-fn sent_entry(value: Value, key: &SentKey, window: Option<&Window>) -> Result<Sent, String> {
+pub(super) fn sent_entry(value: Value, key: &SentKey, window: Option<&Window>) -> Result<Sent, String> {
     if let Some(w) = window {
         if !w.has_sent_value(&value)? {
             return Ok(Sent::Outside);
@@ -345,7 +209,7 @@ fn sent_entry(value: Value, key: &SentKey, window: Option<&Window>) -> Result<Se
 }
 
 /// Hands `entry` to `each`, naming it by `location` when it is unreadable.
-fn hand(
+pub(super) fn hand(
     entry: Result<Sent, String>,
     location: impl FnOnce() -> String,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
@@ -369,19 +233,20 @@ pub fn text_key(bytes: &[u8]) -> Result<&str, String> {
     }
 }
 
-const BOM: &[u8] = b"\xEF\xBB\xBF";
+pub(super) const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 fn trim_line_end(line: &[u8]) -> &[u8] {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
+/// Helpers for the readers' tests.
 #[cfg(test)]
-mod tests {
+pub(super) mod testing {
     use super::*;
 
     /// Keys and unreadable records in reading order, as `key` or `!location: reason`.
-    fn collect(read: impl FnOnce(&mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()>) -> Vec<String> {
+    pub fn collect(read: impl FnOnce(&mut dyn FnMut(Entry<'_>) -> Result<()>) -> Result<()>) -> Vec<String> {
         let mut out = Vec::new();
         read(&mut |e| {
             out.push(match e {
@@ -395,20 +260,25 @@ mod tests {
         out
     }
 
-    fn field(name: &str) -> SentKey {
+    /// A key taken from one field.
+    pub fn field(name: &str) -> SentKey {
         SentKey::Field(name.to_string())
     }
 
-    fn template(t: &str) -> SentKey {
+    /// A key built with a template.
+    pub fn template(t: &str) -> SentKey {
         SentKey::parse("unused", Some(t)).expect("a template")
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{collect, field, template};
+    use super::*;
+    use crate::reconcile::csv_file::read_csv;
 
     fn jsonl(text: &str) -> Vec<String> {
         collect(|each| read_jsonl(text.as_bytes(), "sent.jsonl", &field("idempotency_key"), None, each))
-    }
-
-    fn csv(text: &str) -> Vec<String> {
-        collect(|each| read_csv(text.as_bytes(), "sent.csv", &field("idempotency_key"), None, each))
     }
 
     #[test]
@@ -464,49 +334,6 @@ mod tests {
     fn empty_files_have_no_records() {
         assert!(jsonl("").is_empty());
         assert!(jsonl("\n\n").is_empty());
-        assert!(csv("").is_empty());
-        assert!(csv("idempotency_key\n").is_empty());
-    }
-
-    #[test]
-    fn csv_reads_the_named_column_with_quoting() {
-        let got = csv("amount,idempotency_key\n3,PAY-1:PAID\n4,\"PAY-2:PA,ID\"\r\n5,\"PAY-\"\"3\"\"\"\n6,PAY-1:PAID\n");
-        assert_eq!(got, ["PAY-1:PAID", "PAY-2:PA,ID", "PAY-\"3\"", "PAY-1:PAID"]);
-    }
-
-    #[test]
-    fn csv_reports_short_rows_empty_keys_and_runaway_quotes_by_line() {
-        let got = csv("amount,idempotency_key\n1,A\n2\n3,\n4,B\n5,\"C\n6,D\n");
-        assert_eq!(got[0], "A");
-        assert_eq!(
-            got[1],
-            "!sent.csv:3: the row has 1 field(s), no `idempotency_key` column"
-        );
-        assert_eq!(got[2], "!sent.csv:4: the key is empty");
-        assert_eq!(got[3], "B");
-        assert!(
-            got[4].starts_with("!sent.csv:6: the key runs over lines 6-"),
-            "{}",
-            got[4]
-        );
-        assert_eq!(got.len(), 5, "{got:?}");
-    }
-
-    #[test]
-    fn csv_without_the_key_column_is_an_error_naming_the_columns() {
-        let err = read_csv(
-            "a,b\n1,2\n".as_bytes(),
-            "f",
-            &field("idempotency_key"),
-            None,
-            &mut |_| Ok(()),
-        )
-        .expect_err("no column");
-        let text = format!("{err:#}");
-        assert!(
-            text.contains("no column `idempotency_key`") && text.contains("a, b"),
-            "{text}"
-        );
     }
 
     #[test]
@@ -562,34 +389,6 @@ mod tests {
     fn a_broken_json_array_is_an_error_with_its_place() {
         let err = read_json("[\"A\", {".as_bytes(), "f", &field("k"), None, &mut |_| Ok(())).expect_err("broken");
         assert!(format!("{err:#}").contains("line 1"), "{err:#}");
-    }
-
-    #[test]
-    fn csv_rows_build_the_key_from_their_columns() {
-        let got = collect(|each| {
-            read_csv(
-                "status,amount,payment_id\nPAID,3,P1\nNEW,4,\n".as_bytes(),
-                "sent.csv",
-                &template("{payment_id}:{status}"),
-                None,
-                each,
-            )
-        });
-        assert_eq!(got[0], "P1:PAID");
-        assert!(got[1].starts_with("!sent.csv:3: cannot build the key"), "{}", got[1]);
-        let err = read_csv(
-            "a,status\n1,2\n".as_bytes(),
-            "f",
-            &template("{payment_id}:{status}"),
-            None,
-            &mut |_| Ok(()),
-        )
-        .expect_err("no payment_id column");
-        let text = format!("{err:#}");
-        assert!(
-            text.contains("no column `payment_id`") && text.contains("a, status"),
-            "{text}"
-        );
     }
 
     #[test]
