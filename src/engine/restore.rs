@@ -70,26 +70,23 @@ pub fn restore(
     // The check assigns the partition; the read below then seeks rather than assigning again:
     // one assignment per consumer, as before the check (the first sweep with two assignments
     // saw librdkafka 2.12 abort on an assertion, `rktp->rktp_started`, in an instance's close).
-    let stored = match store.changelog_offset(index) {
-        Ok(Some(last)) if (low..high).contains(&last) => Some(is_committed(&consumer, topic, partition, last)?),
+    let applied = match store.changelog_offset(index) {
+        Ok(Some(last)) if (low..high).contains(&last) => Some((last, is_committed(&consumer, topic, partition, last)?)),
         _ => None,
     };
-    let uncommitted = match (stored, store.changelog_offset(index)) {
-        (Some(false), Ok(Some(last))) => {
-            tracing::warn!(
-                store = %name,
-                partition,
-                last_applied = last,
-                "the store's last changelog record is not committed (its transaction was resolved as \
-                 aborted after the store applied it: docs/chaos-runs.md, cause 8); wiping it and \
-                 restoring from what the changelog holds"
-            );
-            store.wipe(index)?;
-            Rebuild::Uncommitted.count(metrics, &name);
-            true
-        }
-        _ => false,
-    };
+    let uncommitted = matches!(applied, Some((_, false)));
+    if let Some((last, false)) = applied {
+        tracing::warn!(
+            store = %name,
+            partition,
+            last_applied = last,
+            "the store's last changelog record is not committed (its transaction was resolved as \
+             aborted after the store applied it: docs/chaos-runs.md, cause 8); wiping it and \
+             restoring from what the changelog holds"
+        );
+        store.wipe(index)?;
+        Rebuild::Uncommitted.count(metrics, &name);
+    }
     let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
     if let Some(r) = rebuilt {
         r.count(metrics, &name);
@@ -103,7 +100,7 @@ pub fn restore(
     remaining.set(high.saturating_sub(from_offset));
     let mut last_progress = Instant::now();
     if high > from_offset {
-        if stored.is_some() {
+        if applied.is_some() {
             consumer
                 .seek(topic, partition, Offset::Offset(from_offset), STALL_TIMEOUT)
                 .context("cannot seek to the restore position")?;
