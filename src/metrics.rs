@@ -1,6 +1,8 @@
 //! Prometheus metrics of one instance (`tally_` prefix, base units, no per-event labels).
 
+pub mod client_statistics;
 pub mod consumer_lag;
+pub mod held_back;
 pub mod store_gauges;
 
 use crate::processors::Reason;
@@ -40,6 +42,9 @@ pub struct Metrics {
     pub restore_remaining: IntGaugeVec,
     /// Records between a task's consumer position and its partition's end, per topic and task.
     pub consumer_lag: IntGaugeVec,
+    /// Seconds an assigned partition's last stable offset has stood still below its high
+    /// watermark (an open transaction holds the partition back), per topic and task.
+    pub input_held_back: IntGaugeVec,
     /// Estimated keys per store and task.
     pub store_keys: IntGaugeVec,
     /// Bytes per store and task: live SST files plus unflushed memtables.
@@ -192,6 +197,11 @@ impl Metrics {
             "Records between the consumer position and the partition's last stable offset",
             &["topic", "task"],
         )?;
+        let input_held_back = gauge_vec(
+            "input_held_back_seconds",
+            "Seconds an open transaction has held an input partition back: its last stable offset stood still below the high watermark",
+            &["topic", "task"],
+        )?;
         let store_keys = gauge_vec(
             "store_keys",
             "Estimated keys in a task's store (RocksDB estimate-num-keys)",
@@ -246,6 +256,7 @@ impl Metrics {
             store_rebuilds,
             restore_remaining,
             consumer_lag,
+            input_held_back,
             store_keys,
             store_size,
             rebalances,

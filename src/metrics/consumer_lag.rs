@@ -1,69 +1,21 @@
 //! Consumer lag per task, read from the statistics librdkafka emits every
 //! `statistics.interval.ms` for a stream thread's consumer.
 
+use super::client_statistics::{PartitionStatistics, Statistics};
 use super::Metrics;
 use crate::topology::Topology;
 use prometheus::IntGaugeVec;
-use serde::Deserialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-/// The parts of librdkafka's statistics JSON that lag needs.
-#[derive(Deserialize)]
-struct Statistics {
-    #[serde(default)]
-    topics: BTreeMap<String, TopicStatistics>,
-}
-
-#[derive(Deserialize)]
-struct TopicStatistics {
-    #[serde(default)]
-    partitions: BTreeMap<String, PartitionStatistics>,
-}
-
-/// librdkafka reports offsets it does not know as negative numbers (-1001).
-#[derive(Deserialize)]
-struct PartitionStatistics {
-    partition: i32,
-    /// True for partitions in the consumer's assignment.
-    #[serde(default)]
-    desired: bool,
-    /// Offset after the last record handed to the application (skips transaction markers).
-    #[serde(default = "unknown")]
-    app_offset: i64,
-    /// The fetch position, the start position before anything was consumed.
-    #[serde(default = "unknown")]
-    next_offset: i64,
-    /// Last stable offset: the end a read_committed consumer can reach.
-    #[serde(default = "unknown")]
-    ls_offset: i64,
-    /// High watermark.
-    #[serde(default = "unknown")]
-    hi_offset: i64,
-}
-
-fn unknown() -> i64 {
-    -1
-}
-
-impl PartitionStatistics {
-    /// Records the consumer has still to read, when the partition is assigned and both ends are known.
-    fn lag(&self) -> Option<i64> {
-        if self.partition < 0 || !self.desired {
-            return None;
-        }
-        let end = if self.ls_offset >= 0 {
-            self.ls_offset
-        } else {
-            self.hi_offset
-        };
-        let position = if self.app_offset >= 0 {
-            self.app_offset
-        } else {
-            self.next_offset
-        };
-        (end >= 0 && position >= 0).then(|| (end - position).max(0))
+/// Records the consumer has still to read of an assigned partition, when both ends are known.
+fn lag(p: &PartitionStatistics) -> Option<i64> {
+    if p.partition < 0 || !p.desired {
+        return None;
     }
+    let end = if p.ls_offset >= 0 { p.ls_offset } else { p.hi_offset };
+    let position = if p.app_offset >= 0 { p.app_offset } else { p.next_offset };
+    (end >= 0 && position >= 0).then(|| (end - position).max(0))
 }
 
 /// Publishes one consumer's lag as `tally_consumer_lag_records{topic, task}` and removes the
@@ -85,28 +37,18 @@ impl ConsumerLag {
         }
     }
 
-    /// Updates the gauges from one statistics document; a document that does not parse is
-    /// skipped (the next one comes an interval later).
-    pub fn update(&self, json: &[u8]) {
-        let stats: Statistics = match serde_json::from_slice(json) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(error = %e, "librdkafka statistics not understood; consumer lag not updated");
-                return;
-            }
-        };
+    /// Updates the gauges from one statistics document.
+    pub fn update(&self, stats: &Statistics) {
         let Ok(mut reported) = self.reported.lock() else {
             return;
         };
         let mut current = HashSet::new();
-        for (topic, t) in &stats.topics {
-            for p in t.partitions.values() {
-                let (Some(lag), Some(task)) = (p.lag(), self.topology.task_name(topic, p.partition)) else {
-                    continue;
-                };
-                self.gauge.with_label_values(&[topic.as_str(), task.as_str()]).set(lag);
-                current.insert((topic.clone(), task));
-            }
+        for (topic, p) in stats.assigned() {
+            let (Some(lag), Some(task)) = (lag(p), self.topology.task_name(topic, p.partition)) else {
+                continue;
+            };
+            self.gauge.with_label_values(&[topic, task.as_str()]).set(lag);
+            current.insert((topic.to_string(), task));
         }
         for (topic, task) in reported.difference(&current) {
             let _ = self.gauge.remove_label_values(&[topic, task]);
@@ -130,6 +72,8 @@ mod tests {
     use super::*;
     use prometheus::core::Collector;
 
+    use std::collections::BTreeMap;
+
     fn partition(json: &str) -> PartitionStatistics {
         serde_json::from_str(json).expect("partition statistics")
     }
@@ -139,7 +83,7 @@ mod tests {
         let p = partition(
             r#"{"partition":0,"desired":true,"app_offset":40,"next_offset":90,"ls_offset":100,"hi_offset":101}"#,
         );
-        assert_eq!(p.lag(), Some(60));
+        assert_eq!(lag(&p), Some(60));
     }
 
     #[test]
@@ -147,7 +91,7 @@ mod tests {
         let p = partition(
             r#"{"partition":1,"desired":true,"app_offset":-1001,"next_offset":7,"ls_offset":10,"hi_offset":10}"#,
         );
-        assert_eq!(p.lag(), Some(3));
+        assert_eq!(lag(&p), Some(3));
     }
 
     #[test]
@@ -158,7 +102,7 @@ mod tests {
             r#"{"partition":0,"desired":true,"app_offset":-1001,"next_offset":-1001,"ls_offset":5,"hi_offset":5}"#;
         let internal = r#"{"partition":-1,"desired":true,"app_offset":1,"next_offset":1,"ls_offset":5,"hi_offset":5}"#;
         for json in [unassigned, unknown, internal] {
-            assert_eq!(partition(json).lag(), None, "{json}");
+            assert_eq!(lag(&partition(json)), None, "{json}");
         }
     }
 
@@ -175,7 +119,7 @@ dead_letter: { topic: dlq }
         (Metrics::new("app").expect("metrics"), Arc::new(t))
     }
 
-    fn statistics(partitions: &[(i32, bool)]) -> Vec<u8> {
+    fn statistics(partitions: &[(i32, bool)]) -> Statistics {
         let parts: BTreeMap<String, serde_json::Value> = partitions
             .iter()
             .map(|&(p, desired)| {
@@ -184,7 +128,7 @@ dead_letter: { topic: dlq }
             })
             .collect();
         let doc = serde_json::json!({"topics": {"pay": {"partitions": parts}, "other": {"partitions": parts}}});
-        serde_json::to_vec(&doc).expect("json")
+        serde_json::from_value(doc).expect("statistics")
     }
 
     fn series(m: &Metrics) -> Vec<(String, i64)> {
@@ -205,22 +149,21 @@ dead_letter: { topic: dlq }
     #[test]
     fn assigned_partitions_of_the_topology_are_reported_and_dropped_when_gone() {
         let (m, t) = metrics_and_topology();
-        let lag = ConsumerLag::new(&m, t);
-        lag.update(&statistics(&[(0, true), (1, true), (2, false)]));
+        let gauges = ConsumerLag::new(&m, t);
+        gauges.update(&statistics(&[(0, true), (1, true), (2, false)]));
         let task_then_topic = |task: &str| (format!("{task}/pay"), 3);
         assert_eq!(
             series(&m),
             vec![task_then_topic("payments-0"), task_then_topic("payments-1")]
         );
-        lag.update(&statistics(&[(1, true)]));
+        gauges.update(&statistics(&[(1, true)]));
         assert_eq!(
             series(&m),
             vec![task_then_topic("payments-1")],
             "revoked partition removed"
         );
-        lag.update(b"not json");
-        assert_eq!(series(&m).len(), 1, "a bad document changes nothing");
-        drop(lag);
+        assert!(Statistics::parse(b"not json").is_none(), "a bad document is skipped");
+        drop(gauges);
         assert!(series(&m).is_empty(), "a closed consumer leaves no series");
     }
 
@@ -229,6 +172,6 @@ dead_letter: { topic: dlq }
         let p = partition(
             r#"{"partition":0,"desired":true,"app_offset":12,"next_offset":12,"ls_offset":10,"hi_offset":12}"#,
         );
-        assert_eq!(p.lag(), Some(0));
+        assert_eq!(lag(&p), Some(0));
     }
 }

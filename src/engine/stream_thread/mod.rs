@@ -17,6 +17,7 @@ use super::task::{PipelineTask, Sinks, Task, Work};
 use super::txn::{Phase, Txn};
 use super::Shutdown;
 use crate::metrics::consumer_lag::ConsumerLag;
+use crate::metrics::held_back::HeldBack;
 use crate::metrics::Metrics;
 use crate::processors::PipelineProcessor;
 use crate::processors::{Reason, Rejection};
@@ -139,6 +140,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         .create_with_context(StreamContext {
             state: Mutex::new(state),
             lag: ConsumerLag::new(&cfg.metrics, t.clone()),
+            held_back: HeldBack::new(&cfg.metrics, t.clone(), clients::open_transaction_limit(t)),
         })
         .map_err(|e| EngineError::Fatal(anyhow!(e).context("creating the consumer")))?;
     let topics = t.consumed_topics();

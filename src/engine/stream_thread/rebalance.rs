@@ -1,24 +1,33 @@
 //! The stream thread's consumer context: the rebalance callbacks, which run on the stream
-//! thread inside `poll`, and the statistics that carry the consumer lag.
+//! thread inside `poll`, and the statistics that carry the consumer lag and the holds of open
+//! transactions.
 
 use super::ThreadState;
 use crate::engine::errors::EngineError;
 use crate::engine::member_id;
+use crate::metrics::client_statistics::Statistics;
 use crate::metrics::consumer_lag::ConsumerLag;
+use crate::metrics::held_back::HeldBack;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::ClientContext;
 use std::sync::Mutex;
+use std::time::Instant;
 
 /// Consumer context: rebalance callbacks run on the stream thread, inside `poll`.
 pub(super) struct StreamContext {
     pub(super) state: Mutex<ThreadState>,
     pub(super) lag: ConsumerLag,
+    pub(super) held_back: HeldBack,
 }
 
 impl ClientContext for StreamContext {
-    /// librdkafka's statistics (every `statistics.interval.ms`) carry the consumer lag.
+    /// librdkafka's statistics (every `statistics.interval.ms`) carry the consumer lag and
+    /// each partition's last stable offset.
     fn stats_raw(&self, statistics: &[u8]) {
-        self.lag.update(statistics);
+        if let Some(stats) = Statistics::parse(statistics) {
+            self.lag.update(&stats);
+            self.held_back.update(&stats, Instant::now());
+        }
     }
 }
 
