@@ -91,3 +91,75 @@ fn a_corrupt_task_store_is_moved_aside_rebuilt_from_its_changelog_and_counted() 
         .count();
     assert_eq!(aside, 2, "the damaged databases are kept for a look, not deleted");
 }
+
+/// A tmpfs of `megabytes` mounted at `dir` (root only), unmounted when dropped.
+struct SmallFilesystem {
+    dir: std::path::PathBuf,
+}
+
+impl SmallFilesystem {
+    fn mount(dir: &std::path::Path, megabytes: u32) -> Option<Self> {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={megabytes}m,mode=0700"), "tmpfs"])
+            .arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status();
+        status.is_ok_and(|s| s.success()).then(|| Self { dir: dir.to_path_buf() })
+    }
+
+    /// Writes a file of zeros until the filesystem refuses more; returns its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let path = self.dir.join("filler");
+        let mut file = std::fs::File::create(&path).expect("filler");
+        let block = vec![0u8; 64 * 1024];
+        while file.write_all(&block).and_then(|()| file.flush()).is_ok() {}
+        let small = [0u8; 512];
+        while file.write_all(&small).and_then(|()| file.flush()).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn a_full_state_filesystem_stops_tally_with_the_cause_and_a_restart_loses_nothing() {
+    let names = Names::new("full-disk");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(fs) = SmallFilesystem::mount(&dir.path().join("state"), 64) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (needs root): the full-filesystem case is not exercised");
+        return;
+    };
+    let topology = write_topology_with(dir.path(), &names, 4096, false);
+    produce(&names.input, &payments(0..100));
+    let mut first = Tally::start(&topology, "i1", dir.path().join("first.log"));
+    assert_eq!(read_committed(&names.output, 100, Duration::from_secs(90)).len(), 100);
+
+    let filler = fs.fill();
+    produce(&names.input, &payments(100..3000));
+    let status = first.exit_within(Duration::from_secs(120));
+    let log = std::fs::read_to_string(dir.path().join("first.log")).expect("log");
+    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+    let status = status.unwrap_or_else(|| panic!("tally kept running with a full state filesystem: {tail:#?}"));
+    assert!(!status.success(), "a failure, not a clean stop: {status}");
+    assert!(
+        log.contains("No space left on device") && log.contains("state"),
+        "the log says the state directory is full: {log}"
+    );
+
+    // The operator frees space; the same records again (the stores must know the first ones).
+    std::fs::remove_file(filler).expect("frees the space");
+    produce(&names.input, &payments(0..3000));
+    let second = Tally::start(&topology, "i1", dir.path().join("second.log"));
+    read_committed(&names.output, 3000, Duration::from_secs(120));
+    second.stop();
+    let out = read_committed(&names.output, 3000, Duration::from_secs(20));
+    let keys: std::collections::BTreeSet<String> = out.iter().map(business_key).collect();
+    assert_eq!((out.len(), keys.len()), (3000, 3000), "nothing lost, nothing doubled");
+}
