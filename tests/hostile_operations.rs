@@ -105,7 +105,9 @@ impl SmallFilesystem {
             .arg(dir)
             .stderr(std::process::Stdio::null())
             .status();
-        status.is_ok_and(|s| s.success()).then(|| Self { dir: dir.to_path_buf() })
+        status
+            .is_ok_and(|s| s.success())
+            .then(|| Self { dir: dir.to_path_buf() })
     }
 
     /// Writes a file of zeros until the filesystem refuses more; returns its path.
@@ -148,10 +150,15 @@ fn a_full_state_filesystem_stops_tally_with_the_cause_and_a_restart_loses_nothin
     let tail: Vec<&str> = log.lines().rev().take(20).collect();
     let status = status.unwrap_or_else(|| panic!("tally kept running with a full state filesystem: {tail:#?}"));
     assert!(!status.success(), "a failure, not a clean stop: {status}");
+    let stop = log
+        .lines()
+        .find(|l| l.contains("stopping the instance"))
+        .unwrap_or_else(|| panic!("no stop reason logged: {tail:#?}"));
     assert!(
-        log.contains("No space left on device") && log.contains("state"),
-        "the log says the state directory is full: {log}"
+        stop.contains("No space left on device") && stop.contains("the state directory") && stop.contains("is full"),
+        "the reason says the state directory is full and what to do: {stop}"
     );
+    eprintln!("tally stopped ({status}): {stop}");
 
     // The operator frees space; the same records again (the stores must know the first ones).
     std::fs::remove_file(filler).expect("frees the space");

@@ -166,6 +166,18 @@ pub fn worth_waiting(err: &anyhow::Error) -> bool {
         .any(|k| classify(k) == ErrorClass::Retriable)
 }
 
+/// True when `err`, or an error it wraps, says a filesystem is full: no retry can succeed until
+/// an operator frees space.
+pub fn storage_full(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+            // RocksDB reports its I/O errors as text only.
+            || cause.to_string().contains("No space left on device")
+    })
+}
+
 /// Why a stream thread's generation ended.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -202,6 +214,17 @@ impl EngineError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_filesystem_is_recognised_from_io_errors_and_from_rocksdb_text() {
+        let io = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::StorageFull)).context("writing");
+        assert!(storage_full(&io));
+        let rocksdb = anyhow::anyhow!("IO error: No space left on device: While appending to file: 000004.log")
+            .context("committing the store of payments-0");
+        assert!(storage_full(&rocksdb));
+        let other = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
+        assert!(!storage_full(&other));
+    }
 
     #[test]
     fn codes_map_to_their_recovery() {

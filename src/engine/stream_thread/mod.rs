@@ -99,6 +99,21 @@ pub fn run(cfg: ThreadConfig) {
                 cfg.health.engine_failed(why);
                 return;
             }
+            Err(EngineError::Fatal(e)) if super::errors::storage_full(&e) => {
+                // Retrying would only fail again, and a crash-looping pod on a full volume
+                // hides the cause: stop, and say what to do (as for a refused principal).
+                let why = format!(
+                    "{:#}",
+                    e.context(format!(
+                        "the state directory {} is full: free space or give it a larger volume, then start \
+                         tally again (committed work is safe: the stores catch up from their changelogs)",
+                        cfg.topology.state_dir.display()
+                    ))
+                );
+                tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
+                cfg.health.engine_failed(why);
+                return;
+            }
             Err(EngineError::Fatal(e)) => {
                 tracing::error!(thread = cfg.index, error = %format!("{e:#}"), backoff_ms = backoff.as_millis() as u64, "stream thread failed; restarting its clients");
                 backoff = (backoff * 2).min(Duration::from_secs(30));
