@@ -213,3 +213,57 @@ fn failover_with_a_standby_restores_fewer_records_than_without() {
     );
     assert!(with.restored < without.restored);
 }
+
+/// A standby that waits on the broker (its changelogs' partitions without a leader) must not
+/// hold up the instance's stream threads: they take over a failed instance's tasks meanwhile.
+#[test]
+fn a_standby_open_waiting_on_the_broker_does_not_hold_up_a_takeover() {
+    let names = Names::new("standby-stall");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Each instance's first standby open stalls for 30 s.
+    let stall = [("TALLY_FAULTS", "standby_open_stalls@1".to_string())];
+    let a = Tally::start_yaml_with(&yaml(1), &names, dir.path(), "a", &stall);
+    let b = Tally::start_yaml_with(&yaml(1), &names, dir.path(), "b", &stall);
+    let ready = |t: &Tally| wait_for_event(t, "task ready", Duration::from_secs(90), |_| true);
+    assert!(ready(&a).is_some() && ready(&b).is_some(), "both instances run a task");
+    let stateful = format!("{}-payments-repartition", names.app);
+    let (victim, survivor) = if owned(&a, &stateful).is_empty() {
+        (b, a)
+    } else {
+        (a, b)
+    };
+    let lost = owned(&victim, &stateful);
+    let stalled = wait_for_event(
+        &survivor,
+        "injecting a fault (TALLY_FAULTS)",
+        Duration::from_secs(90),
+        |_| true,
+    );
+    assert!(
+        stalled.is_some(),
+        "the survivor's standby thread stalls opening its standby"
+    );
+    let before = restores(&survivor, &lost).len();
+    let killed = Instant::now();
+    victim.kill();
+
+    // The stall lasts 30 s; the group hands the lost tasks over once the victim's session (6 s)
+    // expires.
+    let end = killed + Duration::from_secs(25);
+    loop {
+        if restores(&survivor, &lost).len() >= before + lost.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the survivor took over {lost:?} only after its standby thread's stall, not within 25 s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    eprintln!(
+        "tasks {lost:?} taken over {:.1}s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    survivor.stop();
+}

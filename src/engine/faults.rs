@@ -23,18 +23,24 @@ pub enum Point {
     /// before it polls: a zombie whose timers run before it learns its partitions were lost.
     /// Counted over housekeeping passes of a thread that has tasks.
     ZombieTick,
+    /// A standby store's open stalls for [`FREEZE`] before it asks the broker for its
+    /// changelogs' bounds, as it does while their partitions have no leader. Counted over
+    /// standby opens.
+    StandbyOpenStalls,
 }
 
-/// How long [`Point::ZombieTick`] freezes the stream thread: past any `max.poll.interval.ms` a
-/// test sets, so the group has moved on when it wakes.
+/// How long [`Point::ZombieTick`] freezes the stream thread (and [`Point::StandbyOpenStalls`]
+/// a standby open): past any `max.poll.interval.ms` a test sets, so the group has moved on when
+/// it wakes.
 pub const FREEZE: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Point {
-    const ALL: [Point; 4] = [
+    const ALL: [Point; 5] = [
         Point::CommitAbortable,
         Point::CommitOutcomeUnknown,
         Point::RecordFailsMidway,
         Point::ZombieTick,
+        Point::StandbyOpenStalls,
     ];
 
     fn name(self) -> &'static str {
@@ -43,6 +49,7 @@ impl Point {
             Point::CommitOutcomeUnknown => "commit_outcome_unknown",
             Point::RecordFailsMidway => "record_fails_midway",
             Point::ZombieTick => "zombie_tick",
+            Point::StandbyOpenStalls => "standby_open_stalls",
         }
     }
 }
@@ -54,7 +61,7 @@ struct Armed {
 
 struct Faults {
     armed: Vec<Armed>,
-    counts: [AtomicU64; 4],
+    counts: [AtomicU64; 5],
 }
 
 fn faults() -> &'static Faults {

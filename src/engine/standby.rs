@@ -3,6 +3,7 @@
 //! The same thread removes task directories nobody has used for `state.cleanup_delay`.
 
 use super::clients;
+use super::faults::{self, Point};
 use super::layout::TaskLayout;
 use super::membership::GroupView;
 use super::restore::{resume_point, Rebuild};
@@ -147,22 +148,25 @@ fn refresh(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) -> Res
         .filter(|task| view.standbys_of(task, replicas).contains(&cfg.instance_id.as_str()))
         .filter_map(|(topic, p)| TaskLayout::of(t, topic, *p).map(|l| (l.dir.clone(), (l, *p))))
         .collect();
-    let mut held = cfg.standbys.lock();
-    held.retain(|dir, s| {
-        let keep = wanted.contains_key(dir);
-        if !keep {
-            tracing::info!(task = %s.layout.name, "standby released");
-        }
-        keep
-    });
-    for (dir, (layout, partition)) in wanted {
-        if held.contains_key(&dir) {
-            continue;
-        }
+    // The lock is taken only for moments: a stream thread promoting a standby waits on it, and
+    // must never wait on the broker (reading bounds takes up to KAFKA_TIMEOUT per changelog
+    // while partitions have no leader).
+    let missing: Vec<(PathBuf, (TaskLayout, i32))> = {
+        let mut held = cfg.standbys.lock();
+        held.retain(|dir, s| {
+            let keep = wanted.contains_key(dir);
+            if !keep {
+                tracing::info!(task = %s.layout.name, "standby released");
+            }
+            keep
+        });
+        wanted.into_iter().filter(|(dir, _)| !held.contains_key(dir)).collect()
+    };
+    for (dir, (layout, partition)) in missing {
         match open(cfg, &layout, partition, consumer) {
             Ok(store) => {
                 tracing::info!(task = %layout.name, "standby opened");
-                held.insert(
+                cfg.standbys.lock().insert(
                     dir,
                     Standby {
                         layout,
@@ -176,6 +180,7 @@ fn refresh(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) -> Res
             Err(e) => tracing::warn!(task = %layout.name, error = %format!("{e:#}"), "cannot open standby"),
         }
     }
+    let held = cfg.standbys.lock();
     cfg.metrics.standby_tasks.set(held.len() as i64);
     let routed: BTreeSet<&PathBuf> = routes.values().map(|(dir, _)| dir).collect();
     if routed == held.keys().collect() {
@@ -195,16 +200,26 @@ fn refresh(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) -> Res
     Ok(Some(new_routes))
 }
 
-/// Opens a standby store and makes each of its stores resumable from its recorded offset.
+/// Opens a standby store and makes each of its stores resumable from its recorded offset. The
+/// changelogs' bounds are read first, so the task directory is locked only once they are known.
 fn open(cfg: &StandbyConfig, layout: &TaskLayout, partition: i32, consumer: &BaseConsumer) -> Result<TaskStore> {
+    if faults::hit(Point::StandbyOpenStalls) {
+        std::thread::sleep(faults::FREEZE);
+    }
+    let bounds = layout
+        .changelogs
+        .iter()
+        .map(|changelog| {
+            consumer
+                .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
+                .with_context(|| format!("reading the start and end of `{changelog}`"))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let (mut store, rebuilt) = TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &cfg.store_env)?;
-    for (i, changelog) in layout.changelogs.iter().enumerate() {
+    for (i, (low, high)) in bounds.into_iter().enumerate() {
         if rebuilt {
             Rebuild::CorruptDatabase.count(&cfg.metrics, &layout.stores[i]);
         }
-        let (low, high) = consumer
-            .fetch_watermarks(changelog, partition, KAFKA_TIMEOUT)
-            .with_context(|| format!("reading the start and end of `{changelog}`"))?;
         if let (_, Some(r)) = resume_point(&mut store, i, partition, low, high)? {
             r.count(&cfg.metrics, &layout.stores[i]);
         }
