@@ -6,7 +6,7 @@
 
 use crate::reconcile::files::FileFormat;
 use crate::reconcile::offline::{self, Options, ProcessedKind, SentSource};
-use crate::reconcile::report::ReportFormat;
+use crate::reconcile::report_file::ReportFormat;
 use crate::reconcile::sent_key::SentKey;
 use crate::reconcile::topic;
 use crate::reconcile::window::{parse_time, Window};

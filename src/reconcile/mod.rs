@@ -9,6 +9,7 @@ pub mod offline;
 pub mod progress;
 pub mod records;
 pub mod report;
+pub mod report_file;
 pub mod sent_key;
 pub mod topic;
 pub mod window;

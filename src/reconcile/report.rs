@@ -1,27 +1,13 @@
 //! What a reconciliation found: counts and the first examples of each anomaly for people, and
-//! every anomaly in a report file for machines (JSON Lines or CSV), written as it is found.
+//! every anomaly in a report file for machines (`report_file.rs`), written as it is found.
 
 use super::files::Unreadable;
 use super::ledger::{Counts, Verdict};
-use anyhow::{Context, Result};
+use super::report_file::{ReportFile, ReportFormat};
+use anyhow::Result;
 use serde::Serialize;
 use std::fmt::Write as _;
-use std::io::{BufWriter, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use tempfile::NamedTempFile;
-
-/// The `format` of the JSON report's summary line.
-pub const FORMAT: &str = "tally.reconcile/v1";
-
-/// The layout of the report file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReportFormat {
-    /// JSON Lines: one object per anomaly, then one `summary` object.
-    Json,
-    /// CSV: `kind,idempotency_key,count,detail`, one row per anomaly.
-    Csv,
-}
+use std::path::Path;
 
 /// Which side of the comparison a record was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +19,8 @@ pub enum Side {
 }
 
 impl Side {
-    fn as_str(self) -> &'static str {
+    /// The name used in reports.
+    pub fn as_str(self) -> &'static str {
         match self {
             Side::Sent => "sent",
             Side::Processed => "processed",
@@ -295,141 +282,11 @@ impl Report {
     }
 }
 
-/// One anomaly line of the JSON report.
-#[derive(Serialize)]
-struct KeyLine<'a> {
-    kind: &'static str,
-    idempotency_key: &'a str,
-    count: u64,
-}
-
-/// One unreadable-record line of the JSON report.
-#[derive(Serialize)]
-struct UnreadableLine<'a> {
-    kind: &'static str,
-    side: &'static str,
-    location: &'a str,
-    reason: &'a str,
-}
-
-/// The last line of the JSON report.
-#[derive(Serialize)]
-struct SummaryLine<'a> {
-    kind: &'static str,
-    format: &'static str,
-    #[serde(flatten)]
-    summary: &'a Summary,
-}
-
-/// The report file being written, under a temporary name next to its final path.
-struct ReportFile {
-    path: PathBuf,
-    out: Out,
-}
-
-enum Out {
-    Json(BufWriter<NamedTempFile>),
-    // Boxed: the CSV writer's state is several times the size of the JSON variant.
-    Csv(Box<csv::Writer<NamedTempFile>>),
-}
-
-impl ReportFile {
-    fn create(path: &Path, format: ReportFormat) -> Result<Self> {
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        let tmp = NamedTempFile::new_in(dir).with_context(|| {
-            format!(
-                "cannot create the report `{}`: is its directory writable?",
-                path.display()
-            )
-        })?;
-        // A temporary file is private (0600); the report is an ordinary file for others to read.
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644))
-            .with_context(|| format!("cannot create the report `{}`", path.display()))?;
-        let out = match format {
-            ReportFormat::Json => Out::Json(BufWriter::new(tmp)),
-            ReportFormat::Csv => {
-                let mut w = csv::Writer::from_writer(tmp);
-                w.write_record(["kind", "idempotency_key", "count", "detail"])?;
-                Out::Csv(Box::new(w))
-            }
-        };
-        Ok(Self {
-            path: path.to_path_buf(),
-            out,
-        })
-    }
-
-    fn anomaly(&mut self, kind: Kind, key: &str, count: u64) -> Result<()> {
-        match &mut self.out {
-            Out::Json(w) => json_line(
-                w,
-                &KeyLine {
-                    kind: kind.as_str(),
-                    idempotency_key: key,
-                    count,
-                },
-            ),
-            Out::Csv(w) => w
-                .write_record([kind.as_str(), key, &count.to_string(), ""])
-                .map_err(anyhow::Error::from),
-        }
-        .with_context(|| format!("cannot write the report `{}`", self.path.display()))
-    }
-
-    fn unreadable(&mut self, side: Side, u: &Unreadable) -> Result<()> {
-        match &mut self.out {
-            Out::Json(w) => json_line(
-                w,
-                &UnreadableLine {
-                    kind: Kind::Unreadable.as_str(),
-                    side: side.as_str(),
-                    location: &u.location,
-                    reason: &u.reason,
-                },
-            ),
-            Out::Csv(w) => {
-                let detail = format!("{} {}: {}", side.as_str(), u.location, u.reason);
-                w.write_record([Kind::Unreadable.as_str(), "", "", &detail])
-                    .map_err(anyhow::Error::from)
-            }
-        }
-        .with_context(|| format!("cannot write the report `{}`", self.path.display()))
-    }
-
-    fn finish(self, summary: &Summary) -> Result<()> {
-        let context = || format!("cannot write the report `{}`", self.path.display());
-        let tmp = match self.out {
-            Out::Json(mut w) => {
-                json_line(
-                    &mut w,
-                    &SummaryLine {
-                        kind: "summary",
-                        format: FORMAT,
-                        summary,
-                    },
-                )
-                .with_context(context)?;
-                w.into_inner().map_err(|e| e.into_error()).with_context(context)?
-            }
-            Out::Csv(w) => w.into_inner().map_err(|e| e.into_error()).with_context(context)?,
-        };
-        tmp.persist(&self.path).map_err(|e| e.error).with_context(context)?;
-        Ok(())
-    }
-}
-
-fn json_line<W: Write>(w: &mut W, value: &impl Serialize) -> Result<()> {
-    serde_json::to_writer(&mut *w, value)?;
-    w.write_all(b"\n")?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::report_file::FORMAT;
+    use std::os::unix::fs::PermissionsExt;
 
     fn counts(sent: u64, processed: u64) -> Counts {
         Counts {
