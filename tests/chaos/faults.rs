@@ -2,12 +2,11 @@
 //! are SIGKILLed, bounced, scaled 3 → 1 → 3, robbed of their state and frozen into zombies, and
 //! a broker that is stopped (SIGTERM) or killed (SIGKILL) and started again with its data.
 
-use crate::common::{bootstrap, http_get, Tally};
+use crate::common::{bootstrap, free_address, http_get, Tally};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,13 +78,9 @@ pub struct Cluster {
 impl Cluster {
     /// Starts three instances of `topology`, each with its state directory and HTTP port.
     pub fn start(topology: &Path, dir: &Path) -> Self {
-        let http = IDS
-            .iter()
-            .map(|_| {
-                let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-                l.local_addr().expect("addr").to_string()
-            })
-            .collect();
+        // Each instance keeps its port across restarts, so it must be one no client connection
+        // can take while the instance is down.
+        let http = IDS.iter().map(|_| free_address()).collect();
         let mut cluster = Self {
             topology: topology.to_path_buf(),
             dir: dir.to_path_buf(),

@@ -36,10 +36,28 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// A local address that was free a moment ago, for a server the test starts.
+/// A local address that was free a moment ago, for a server the test starts (and may restart).
+/// It lies below the kernel's ephemeral port range: a port from that range (what binding port 0
+/// gives) is handed to other processes' outgoing connections while the server is down, and its
+/// restart then fails with "address in use" (a chaos run lost an instance that way).
 pub fn free_address() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").expect("free port");
-    l.local_addr().expect("local address").to_string()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static TRIES: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, span) = (10_000, ephemeral_low.saturating_sub(10_000).max(1));
+    // Spread over the range by process, so concurrent test binaries rarely try the same ports.
+    let start = std::process::id().wrapping_mul(7919);
+    loop {
+        let n = TRIES.fetch_add(1, Ordering::Relaxed);
+        assert!(n < 100_000, "no free port below the ephemeral range");
+        let port = low + start.wrapping_add(n.wrapping_mul(104_729)) % span;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)) {
+            return l.local_addr().expect("local address").to_string();
+        }
+    }
 }
 
 /// Topic and application names unique to one test run.
