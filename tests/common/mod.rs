@@ -36,10 +36,11 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// A local address that was free a moment ago, for a server the test starts (and may restart).
-/// It lies below the kernel's ephemeral port range: a port from that range (what binding port 0
-/// gives) is handed to other processes' outgoing connections while the server is down, and its
-/// restart then fails with "address in use" (a chaos run lost an instance that way).
+/// A local address that was free a moment ago, for a server the test starts (and may restart),
+/// never the same as another call's in this process. Binding port 0 twice in a row can give the
+/// same port (a chaos run gave two of its instances one port, and whichever started second
+/// could not listen), and a port from the kernel's ephemeral range can be taken by an outgoing
+/// connection while its server is down; so the ports come from below that range, in a sequence.
 pub fn free_address() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static TRIES: AtomicU32 = AtomicU32::new(0);
