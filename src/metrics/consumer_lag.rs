@@ -68,7 +68,7 @@ impl Drop for ConsumerLag {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use prometheus::core::Collector;
 
@@ -106,7 +106,8 @@ mod tests {
         }
     }
 
-    fn metrics_and_topology() -> (Metrics, Arc<Topology>) {
+    /// Metrics and a one-pipeline topology reading `pay` (shared with the other gauges' tests).
+    pub(in crate::metrics) fn metrics_and_topology() -> (Metrics, Arc<Topology>) {
         let yaml = r#"
 application_id: app
 kafka: { bootstrap_servers: "k:9092" }

@@ -115,17 +115,8 @@ mod tests {
     use prometheus::core::Collector;
 
     fn watch(hanging_after: Duration) -> (Metrics, HeldBack) {
-        let yaml = r#"
-application_id: app
-kafka: { bootstrap_servers: "k:9092" }
-sources: { payments: { topic: pay } }
-pipelines:
-  - { name: payments, from: payments, key: "{id}", to: { topic: out } }
-dead_letter: { topic: dlq }
-"#;
-        let t = crate::config::load_str("t.yaml", yaml, |_| None).expect("valid topology");
-        let m = Metrics::new("app").expect("metrics");
-        let w = HeldBack::new(&m, Arc::new(t), hanging_after);
+        let (m, t) = crate::metrics::consumer_lag::tests::metrics_and_topology();
+        let w = HeldBack::new(&m, t, hanging_after);
         (m, w)
     }
 
