@@ -86,6 +86,20 @@ fn owned(t: &Tally, topic: &str) -> BTreeSet<i32> {
     owned
 }
 
+/// Of two instances, the one owning stateful tasks (the victim, with the tasks it owns) and the
+/// other. Stateful tasks read the repartition topic; the sticky assignor balances task counts,
+/// so one instance may hold both stateful tasks and the other both repartition tasks.
+fn victim_and_survivor(names: &Names, a: Tally, b: Tally) -> (Tally, Tally, BTreeSet<i32>) {
+    let stateful = format!("{}-payments-repartition", names.app);
+    let (victim, survivor) = if owned(&a, &stateful).is_empty() {
+        (b, a)
+    } else {
+        (a, b)
+    };
+    let lost = owned(&victim, &stateful);
+    (victim, survivor, lost)
+}
+
 /// "restore finished" events of the given changelog partitions.
 fn restores(t: &Tally, partitions: &BTreeSet<i32>) -> Vec<serde_json::Value> {
     let lines = t.lines();
@@ -115,15 +129,7 @@ fn failover(standbys: usize) -> Failover {
     produce(&names.input, &gen.records);
     let got = wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(120));
     assert_eq!(got, gen.expected_keys.len(), "all events processed before the failover");
-    // Stateful tasks read the repartition topic; the sticky assignor balances task counts, so
-    // one instance may hold both stateful tasks and the other both repartition tasks.
-    let stateful = format!("{}-payments-repartition", names.app);
-    let (victim, survivor) = if owned(&a, &stateful).is_empty() {
-        (b, a)
-    } else {
-        (a, b)
-    };
-    let lost = owned(&victim, &stateful);
+    let (victim, survivor, lost) = victim_and_survivor(&names, a, b);
     assert!(!lost.is_empty(), "one of the instances owns stateful tasks");
     if standbys > 0 {
         for p in &lost {
@@ -227,13 +233,7 @@ fn a_standby_open_waiting_on_the_broker_does_not_hold_up_a_takeover() {
     let b = Tally::start_yaml_with(&yaml(1), &names, dir.path(), "b", &stall);
     let ready = |t: &Tally| wait_for_event(t, "task ready", Duration::from_secs(90), |_| true);
     assert!(ready(&a).is_some() && ready(&b).is_some(), "both instances run a task");
-    let stateful = format!("{}-payments-repartition", names.app);
-    let (victim, survivor) = if owned(&a, &stateful).is_empty() {
-        (b, a)
-    } else {
-        (a, b)
-    };
-    let lost = owned(&victim, &stateful);
+    let (victim, survivor, lost) = victim_and_survivor(&names, a, b);
     let stalled = wait_for_event(
         &survivor,
         "injecting a fault (TALLY_FAULTS)",
