@@ -170,3 +170,108 @@ fn a_full_state_filesystem_stops_tally_with_the_cause_and_a_restart_loses_nothin
     let keys: std::collections::BTreeSet<String> = out.iter().map(business_key).collect();
     assert_eq!((out.len(), keys.len()), (3000, 3000), "nothing lost, nothing doubled");
 }
+
+/// Writes `records` to partition `partition` of `topic`.
+fn produce_to(topic: &str, partition: i32, records: &[GeneratedRecord]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("linger.ms", "20")
+        .create()
+        .expect("producer");
+    for r in records {
+        producer
+            .send(
+                BaseRecord::to(topic)
+                    .key(&r.key)
+                    .payload(&r.payload)
+                    .partition(partition),
+            )
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// The value of the first sample of `metric` whose labels include `labels`.
+fn sample(metrics: &str, metric: &str, labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(metric) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn a_restore_longer_than_the_poll_interval_runs_between_polls_while_other_partitions_flow() {
+    let names = Names::new("long-restore");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology_with(dir.path(), &names, 4096, false);
+    let yaml = std::fs::read_to_string(&topology).expect("topology");
+    let yaml = yaml.replace(
+        "heartbeat.interval.ms: 1000",
+        "heartbeat.interval.ms: 1000\n    max.poll.interval.ms: 7000",
+    );
+    std::fs::write(&topology, yaml).expect("topology");
+    produce_to(&names.input, 0, &payments(0..1500));
+    let first = Tally::start(&topology, "i1", dir.path().join("first.log"));
+    assert_eq!(read_committed(&names.output, 1500, Duration::from_secs(90)).len(), 1500);
+    first.stop();
+    std::fs::remove_dir_all(dir.path().join("state")).expect("loses the state directory");
+
+    // Restoring partition 0's 1,500 changelog records at 10 ms each takes 15 s, twice the poll
+    // interval: done in one go, the group would drop the member before it ends.
+    let addr = free_address();
+    let second = Tally::start_with_env(
+        &topology,
+        "i1",
+        dir.path().join("second.log"),
+        &[
+            ("TALLY_HTTP_ADDRESS", addr.clone()),
+            (
+                "TALLY_FAULTS",
+                (1..=8)
+                    .map(|n| format!("restore_crawls@{n}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ],
+    );
+    produce_to(&names.input, 1, &payments(2000..2100));
+    assert_eq!(
+        wait_for_count(&names.output, 1600, Duration::from_secs(60)),
+        1600,
+        "partition 1 is processed"
+    );
+    let metrics = http_get(&addr, "/metrics").map(|(_, body)| body).unwrap_or_default();
+    let remaining = sample(&metrics, "tally_restore_remaining_records{", r#"partition="0""#);
+    assert!(
+        remaining.is_some_and(|r| r > 0.0),
+        "partition 1 flowed while partition 0 was still restoring: {remaining:?}; {:#?}",
+        events(&second.lines(), "restore finished")
+    );
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let restored = loop {
+        let metrics = http_get(&addr, "/metrics").map(|(_, body)| body).unwrap_or_default();
+        let remaining = sample(&metrics, "tally_restore_remaining_records{", r#"partition="0""#);
+        if remaining == Some(0.0) || std::time::Instant::now() > deadline {
+            break remaining;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(restored, Some(0.0), "the restore of partition 0 finishes");
+    // The restored store knows the first 1,500; 10 are new.
+    produce_to(&names.input, 0, &payments(0..1510));
+    read_committed(&names.output, 1610, Duration::from_secs(90));
+    let metrics = http_get(&addr, "/metrics").map(|(_, body)| body).unwrap_or_default();
+    let lines = second.stop();
+    let out = read_committed(&names.output, 1610, Duration::from_secs(20));
+    let keys: std::collections::BTreeSet<String> = out.iter().map(business_key).collect();
+    assert_eq!((out.len(), keys.len()), (1610, 1610), "nothing lost, nothing doubled");
+    assert_eq!(
+        events(&lines, "partitions assigned").len(),
+        1,
+        "the member stayed in the group through the restore"
+    );
+    assert_eq!(sample(&metrics, "tally_transactions_aborted_total", ""), Some(0.0));
+}

@@ -27,6 +27,9 @@ pub enum Point {
     /// changelogs' bounds, as it does while their partitions have no leader. Counted over
     /// standby opens.
     StandbyOpenStalls,
+    /// A task restore reads each changelog record [`CRAWL`] slower, as a restore of a very
+    /// large changelog takes long. Counted over task restores (one per store and partition).
+    RestoreCrawls,
 }
 
 /// How long [`Point::ZombieTick`] freezes the stream thread (and [`Point::StandbyOpenStalls`]
@@ -34,13 +37,17 @@ pub enum Point {
 /// it wakes.
 pub const FREEZE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// How much longer each changelog record takes to restore under [`Point::RestoreCrawls`].
+pub const CRAWL: std::time::Duration = std::time::Duration::from_millis(10);
+
 impl Point {
-    const ALL: [Point; 5] = [
+    const ALL: [Point; 6] = [
         Point::CommitAbortable,
         Point::CommitOutcomeUnknown,
         Point::RecordFailsMidway,
         Point::ZombieTick,
         Point::StandbyOpenStalls,
+        Point::RestoreCrawls,
     ];
 
     fn name(self) -> &'static str {
@@ -50,6 +57,7 @@ impl Point {
             Point::RecordFailsMidway => "record_fails_midway",
             Point::ZombieTick => "zombie_tick",
             Point::StandbyOpenStalls => "standby_open_stalls",
+            Point::RestoreCrawls => "restore_crawls",
         }
     }
 }
@@ -61,7 +69,7 @@ struct Armed {
 
 struct Faults {
     armed: Vec<Armed>,
-    counts: [AtomicU64; 5],
+    counts: [AtomicU64; Point::ALL.len()],
 }
 
 fn faults() -> &'static Faults {

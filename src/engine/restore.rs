@@ -1,11 +1,13 @@
 //! Brings a task's store up to its changelog's committed end before the task processes.
 
 use super::clients;
-use super::stable_end::{self, StableEnd};
+use super::faults::{self, Point};
+use super::stable_end::{StableEnd, Waiting};
 use crate::metrics::Metrics;
 use crate::store::{StoreError, TaskStore};
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
+use prometheus::IntGauge;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use std::time::{Duration, Instant};
@@ -60,122 +62,249 @@ pub fn restore(
     metrics: &Metrics,
     progress: &dyn Fn() -> bool,
 ) -> Result<RestoreReport> {
-    let started = Instant::now();
-    let name = store.name(index).to_string();
-    let config = &settings.config;
-    let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
-    let limit = settings.open_transaction_limit;
-    let StableEnd { low, high } = stable_end::wait(&consumer, config, topic, partition, limit, progress)
-        .with_context(|| format!("cannot find the end of changelog `{topic}` partition {partition}"))?;
-    // The check assigns the partition; the read below then seeks rather than assigning again:
-    // one assignment per consumer, as before the check (the first sweep with two assignments
-    // saw librdkafka 2.12 abort on an assertion, `rktp->rktp_started`, in an instance's close).
-    let applied = match store.changelog_offset(index) {
-        Ok(Some(last)) if (low..high).contains(&last) => Some((last, is_committed(&consumer, topic, partition, last)?)),
-        _ => None,
-    };
-    let uncommitted = matches!(applied, Some((_, false)));
-    if let Some((last, false)) = applied {
-        tracing::warn!(
-            store = %name,
-            partition,
-            last_applied = last,
-            "the store's last changelog record is not committed (its transaction was resolved as \
-             aborted after the store applied it: docs/chaos-runs.md, cause 8); wiping it and \
-             restoring from what the changelog holds"
-        );
-        store.wipe(index)?;
-        Rebuild::Uncommitted.count(metrics, &name);
-    }
-    let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
-    if let Some(r) = rebuilt {
-        r.count(metrics, &name);
-    }
-    let wiped = uncommitted || rebuilt.is_some();
-    let mut restored = 0u64;
-    // Per partition: tasks of one store restoring at once (several threads) each have their own.
-    let remaining = metrics
-        .restore_remaining
-        .with_label_values(&[name.as_str(), partition.to_string().as_str()]);
-    remaining.set(high.saturating_sub(from_offset));
-    let mut last_progress = Instant::now();
-    if high > from_offset {
-        if applied.is_some() {
-            consumer
-                .seek(topic, partition, Offset::Offset(from_offset), STALL_TIMEOUT)
-                .context("cannot seek to the restore position")?;
-        } else {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, Offset::Offset(from_offset))
-                .context("invalid restore position")?;
-            consumer.assign(&tpl).context("cannot assign the changelog partition")?;
+    let mut restore = Restore::start(settings, store, index, topic, partition)?;
+    loop {
+        if !progress() {
+            bail!("stopping while restoring `{topic}` partition {partition}");
         }
-        let mut batch = Vec::with_capacity(BATCH);
-        let mut last = from_offset - 1;
-        let mut idle_since = Instant::now();
+        if let Some(report) = restore.run_until(store, metrics, Instant::now() + SLICE)? {
+            return Ok(report);
+        }
+    }
+}
+
+/// How long [`restore`] works between two calls of its `progress`.
+const SLICE: Duration = Duration::from_millis(100);
+
+/// A restore of one store from one changelog partition, done in slices: a stream thread runs a
+/// slice between two polls of its group consumer, so a long restore neither outlasts
+/// `max.poll.interval.ms` nor holds up the thread's other tasks.
+pub struct Restore {
+    topic: String,
+    partition: i32,
+    index: usize,
+    name: String,
+    consumer: BaseConsumer,
+    started: Instant,
+    /// Each record read costs this much more (the [`Point::RestoreCrawls`] fault).
+    crawl: Duration,
+    step: Step,
+}
+
+enum Step {
+    /// Waiting until no transaction is open below the changelog's end.
+    FindEnd(Waiting),
+    /// Reading the changelog up to `high`.
+    Read(Reading),
+}
+
+struct Reading {
+    from_offset: i64,
+    high: i64,
+    wiped: bool,
+    restored: u64,
+    batch: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The offset of the last record read.
+    last: i64,
+    idle_since: Instant,
+    last_progress: Instant,
+    remaining: IntGauge,
+}
+
+impl Restore {
+    /// Starts restoring store `index` of `store` from `topic`/`partition`.
+    pub fn start(
+        settings: &RestoreSettings,
+        store: &TaskStore,
+        index: usize,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Self> {
+        let config = &settings.config;
+        let consumer: BaseConsumer = config.create().context("cannot create the restore consumer")?;
+        let waiting = Waiting::start(config, topic, partition, settings.open_transaction_limit)
+            .with_context(|| format!("cannot find the end of changelog `{topic}` partition {partition}"))?;
+        let crawl = if faults::hit(Point::RestoreCrawls) {
+            faults::CRAWL
+        } else {
+            Duration::ZERO
+        };
+        Ok(Self {
+            topic: topic.to_string(),
+            partition,
+            index,
+            name: store.name(index).to_string(),
+            consumer,
+            started: Instant::now(),
+            crawl,
+            step: Step::FindEnd(waiting),
+        })
+    }
+
+    /// Restores until `until`; the report once the store has reached the changelog's end.
+    pub fn run_until(
+        &mut self,
+        store: &mut TaskStore,
+        metrics: &Metrics,
+        until: Instant,
+    ) -> Result<Option<RestoreReport>> {
+        if let Step::FindEnd(waiting) = &mut self.step {
+            let Some(end) = waiting.check(&self.consumer).with_context(|| {
+                format!(
+                    "cannot find the end of changelog `{}` partition {}",
+                    self.topic, self.partition
+                )
+            })?
+            else {
+                return Ok(None);
+            };
+            self.step = Step::Read(self.begin_reading(store, metrics, end)?);
+        }
+        let Step::Read(r) = &mut self.step else {
+            return Ok(None);
+        };
+        let (topic, partition) = (self.topic.as_str(), self.partition);
         // The end is the high watermark, past the last commit marker; read_committed skips the
         // markers and aborted records, so when a poll comes back empty the position tells
         // whether it is reached (asking for the position per record costs more than the restore).
-        let mut done = false;
+        let mut done = r.high <= r.from_offset;
         while !done {
-            // A long restore is progress, not a stuck thread; a stop request ends it.
-            if !progress() {
-                bail!("stopping while restoring `{topic}` partition {partition}");
+            let now = Instant::now();
+            if now >= until {
+                return Ok(None);
             }
-            match consumer.poll(Duration::from_millis(100)) {
+            match self.consumer.poll((until - now).min(Duration::from_millis(100))) {
                 Some(Ok(m)) => {
-                    done = m.offset() + 1 >= high;
+                    done = m.offset() + 1 >= r.high;
                     if let Some(key) = m.key() {
-                        batch.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
+                        r.batch.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
                     }
-                    last = m.offset();
-                    idle_since = Instant::now();
-                    if batch.len() >= BATCH {
-                        restored += flush(store, index, &mut batch, last, metrics, &name)?;
-                        remaining.set(high.saturating_sub(last + 1));
-                        if last_progress.elapsed() >= PROGRESS_INTERVAL {
-                            last_progress = Instant::now();
-                            let rate = restored as f64 / started.elapsed().as_secs_f64().max(1e-3);
-                            tracing::info!(
-                                store = %name,
-                                partition,
-                                restored,
-                                remaining = high.saturating_sub(last + 1),
-                                records_per_second = rate as u64,
-                                "restoring"
-                            );
-                        }
+                    r.last = m.offset();
+                    r.idle_since = Instant::now();
+                    if !self.crawl.is_zero() {
+                        std::thread::sleep(self.crawl);
+                    }
+                    if r.batch.len() >= BATCH {
+                        r.restored += flush(store, self.index, &mut r.batch, r.last, metrics, &self.name)?;
+                        r.remaining.set(r.high.saturating_sub(r.last + 1));
+                        r.log_progress(&self.name, partition, self.started);
                     }
                 }
                 Some(Err(e)) => bail!("reading changelog `{topic}` partition {partition}: {e}"),
-                None if idle_since.elapsed() > STALL_TIMEOUT => bail!(
-                    "restore of `{topic}` partition {partition} stalled at offset {last} (end {high}) for {}s; \
+                None if r.idle_since.elapsed() > STALL_TIMEOUT => bail!(
+                    "restore of `{topic}` partition {partition} stalled at offset {} (end {}) for {}s; \
                      is a transaction left open on it?",
+                    r.last,
+                    r.high,
                     STALL_TIMEOUT.as_secs()
                 ),
-                None => done = position(&consumer, topic, partition) >= high,
+                None => done = position(&self.consumer, topic, partition) >= r.high,
             }
         }
-        restored += flush(store, index, &mut batch, last, metrics, &name)?;
+        r.restored += flush(store, self.index, &mut r.batch, r.last, metrics, &self.name)?;
+        r.remaining.set(0);
+        let report = RestoreReport {
+            from_offset: r.from_offset,
+            restored: r.restored,
+            wiped: r.wiped,
+        };
+        let elapsed = self.started.elapsed();
+        tracing::info!(
+            store = %self.name,
+            changelog = topic,
+            partition,
+            from_offset = report.from_offset,
+            restored = report.restored,
+            wiped = report.wiped,
+            elapsed_ms = elapsed.as_millis() as u64,
+            records_per_second = (report.restored as f64 / elapsed.as_secs_f64().max(1e-3)) as u64,
+            "restore finished"
+        );
+        Ok(Some(report))
     }
-    remaining.set(0);
-    let report = RestoreReport {
-        from_offset,
-        restored,
-        wiped,
-    };
-    tracing::info!(
-        store = %name,
-        changelog = topic,
-        partition,
-        from_offset,
-        restored,
-        wiped,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        records_per_second = (restored as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64,
-        "restore finished"
-    );
-    Ok(report)
+
+    /// Checks the store against the changelog's bounds (wiping it where it cannot be trusted)
+    /// and places the consumer where reading resumes.
+    fn begin_reading(&self, store: &mut TaskStore, metrics: &Metrics, end: StableEnd) -> Result<Reading> {
+        let StableEnd { low, high } = end;
+        let (topic, partition, index, name) = (self.topic.as_str(), self.partition, self.index, &self.name);
+        // The check assigns the partition; the read below then seeks rather than assigning again:
+        // one assignment per consumer, as before the check (the first sweep with two assignments
+        // saw librdkafka 2.12 abort on an assertion, `rktp->rktp_started`, in an instance's close).
+        let applied = match store.changelog_offset(index) {
+            Ok(Some(last)) if (low..high).contains(&last) => {
+                Some((last, is_committed(&self.consumer, topic, partition, last)?))
+            }
+            _ => None,
+        };
+        let uncommitted = matches!(applied, Some((_, false)));
+        if let Some((last, false)) = applied {
+            tracing::warn!(
+                store = %name,
+                partition,
+                last_applied = last,
+                "the store's last changelog record is not committed (its transaction was resolved as \
+                 aborted after the store applied it: docs/chaos-runs.md, cause 8); wiping it and \
+                 restoring from what the changelog holds"
+            );
+            store.wipe(index)?;
+            Rebuild::Uncommitted.count(metrics, name);
+        }
+        let (from_offset, rebuilt) = resume_point(store, index, partition, low, high)?;
+        if let Some(r) = rebuilt {
+            r.count(metrics, name);
+        }
+        // Per partition: tasks of one store restoring at once (several threads) each have their own.
+        let remaining = metrics
+            .restore_remaining
+            .with_label_values(&[name.as_str(), partition.to_string().as_str()]);
+        remaining.set(high.saturating_sub(from_offset));
+        if high > from_offset {
+            if applied.is_some() {
+                self.consumer
+                    .seek(topic, partition, Offset::Offset(from_offset), STALL_TIMEOUT)
+                    .context("cannot seek to the restore position")?;
+            } else {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(topic, partition, Offset::Offset(from_offset))
+                    .context("invalid restore position")?;
+                self.consumer
+                    .assign(&tpl)
+                    .context("cannot assign the changelog partition")?;
+            }
+        }
+        let now = Instant::now();
+        Ok(Reading {
+            from_offset,
+            high,
+            wiped: uncommitted || rebuilt.is_some(),
+            restored: 0,
+            batch: Vec::with_capacity(BATCH),
+            last: from_offset - 1,
+            idle_since: now,
+            last_progress: now,
+            remaining,
+        })
+    }
+}
+
+impl Reading {
+    /// Logs how far a long restore has come, every [`PROGRESS_INTERVAL`].
+    fn log_progress(&mut self, store: &str, partition: i32, started: Instant) {
+        if self.last_progress.elapsed() < PROGRESS_INTERVAL {
+            return;
+        }
+        self.last_progress = Instant::now();
+        let rate = self.restored as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        tracing::info!(
+            store,
+            partition,
+            restored = self.restored,
+            remaining = self.high.saturating_sub(self.last + 1),
+            records_per_second = rate as u64,
+            "restoring"
+        );
+    }
 }
 
 /// Why a store was wiped and rebuilt from its changelog (the `reason` of

@@ -44,32 +44,83 @@ pub fn wait(
     limit: Duration,
     progress: &dyn Fn() -> bool,
 ) -> Result<StableEnd> {
-    let mut uncommitted_config = config.clone();
-    uncommitted_config.set("isolation.level", "read_uncommitted");
-    let uncommitted: BaseConsumer = uncommitted_config
-        .create()
-        .context("cannot create a consumer to read the log end")?;
-    let (low, log_end) = uncommitted
-        .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
-        .with_context(|| format!("cannot read the log end of `{topic}` partition {partition}"))?;
-    let started = Instant::now();
-    let mut noticed = false;
+    let mut waiting = Waiting::start(config, topic, partition, limit)?;
     loop {
+        if let Some(end) = waiting.check(committed)? {
+            return Ok(end);
+        }
+        if !progress() {
+            bail!("stopping while waiting for a transaction open on `{topic}` partition {partition}");
+        }
+        std::thread::sleep(RECHECK);
+    }
+}
+
+/// A wait for a partition's stable end, advanced one check at a time so that its caller can
+/// do other work between checks (a stream thread polls its group consumer).
+pub struct Waiting {
+    topic: String,
+    partition: i32,
+    low: i64,
+    log_end: i64,
+    limit: Duration,
+    started: Instant,
+    noticed: bool,
+    next_check: Instant,
+}
+
+impl Waiting {
+    /// Reads the log end of `topic`/`partition` (see [`wait`] for the arguments).
+    pub fn start(config: &ClientConfig, topic: &str, partition: i32, limit: Duration) -> Result<Self> {
+        let mut uncommitted_config = config.clone();
+        uncommitted_config.set("isolation.level", "read_uncommitted");
+        let uncommitted: BaseConsumer = uncommitted_config
+            .create()
+            .context("cannot create a consumer to read the log end")?;
+        let (low, log_end) = uncommitted
+            .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
+            .with_context(|| format!("cannot read the log end of `{topic}` partition {partition}"))?;
+        let now = Instant::now();
+        Ok(Self {
+            topic: topic.to_string(),
+            partition,
+            low,
+            log_end,
+            limit,
+            started: now,
+            noticed: false,
+            next_check: now,
+        })
+    }
+
+    /// The end once no transaction is open below it; `None` while one is, or when the last
+    /// check was less than a recheck interval ago. Fails once the wait passes its limit.
+    pub fn check(&mut self, committed: &BaseConsumer) -> Result<Option<StableEnd>> {
+        let now = Instant::now();
+        if now < self.next_check {
+            return Ok(None);
+        }
+        self.next_check = now + RECHECK;
+        let (topic, partition, log_end) = (self.topic.as_str(), self.partition, self.log_end);
         let (_, stable) = committed
             .fetch_watermarks(topic, partition, QUERY_TIMEOUT)
             .with_context(|| format!("cannot read the last stable offset of `{topic}` partition {partition}"))?;
+        let waited = self.started.elapsed();
         if stable >= log_end {
-            if noticed {
+            if self.noticed {
                 tracing::info!(
                     topic,
                     partition,
-                    waited_ms = started.elapsed().as_millis() as u64,
+                    waited_ms = waited.as_millis() as u64,
                     "the transactions open on the partition finished"
                 );
             }
-            return Ok(StableEnd { low, high: log_end });
+            return Ok(Some(StableEnd {
+                low: self.low,
+                high: log_end,
+            }));
         }
-        if started.elapsed() >= limit {
+        if waited >= self.limit {
             bail!(
                 "`{topic}` partition {partition} has had a transaction open at offset {stable} \
                  (log end {log_end}) for {}s, longer than any live transaction lasts: a hanging \
@@ -77,23 +128,20 @@ pub fn wait(
                  committed work, so tally will not read around it. Find it with \
                  `kafka-transactions.sh --bootstrap-server <broker> find-hanging --broker-id <leader>`; \
                  aborting it drops its records, which docs/chaos-runs.md (cause 6) weighs",
-                limit.as_secs()
+                self.limit.as_secs()
             );
         }
-        if !noticed && started.elapsed() >= WAIT_NOTICE {
-            noticed = true;
+        if !self.noticed && waited >= WAIT_NOTICE {
+            self.noticed = true;
             tracing::warn!(
                 topic,
                 partition,
                 last_stable_offset = stable,
                 log_end,
-                limit_s = limit.as_secs(),
+                limit_s = self.limit.as_secs(),
                 "a transaction is open on the partition; waiting for it to finish before reading to the end"
             );
         }
-        if !progress() {
-            bail!("stopping while waiting for a transaction open on `{topic}` partition {partition}");
-        }
-        std::thread::sleep(RECHECK);
+        Ok(None)
     }
 }

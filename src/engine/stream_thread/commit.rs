@@ -64,9 +64,9 @@ impl ThreadState {
         )
     }
 
-    /// How long the next poll may wait: until the open transaction is due, so a quiet input
-    /// does not hold a record past its commit interval.
-    pub(super) fn poll_wait(&self, now: Instant) -> Duration {
+    /// How long the next poll may wait for the transaction's sake: until the open transaction
+    /// is due, so a quiet input does not hold a record past its commit interval.
+    pub(super) fn txn_wait(&self, now: Instant) -> Duration {
         self.txn
             .poll_wait(now, self.cfg.topology.processing.commit_interval, POLL)
     }

@@ -2,6 +2,7 @@
 //! committing outputs, changelogs and offsets in one transaction every commit interval.
 
 mod commit;
+mod opening;
 mod rebalance;
 
 use super::clients;
@@ -9,26 +10,24 @@ use super::emit::ProcessError;
 use super::errors::{classify, EngineError, ErrorClass, TxnStep};
 use super::faults::{self, Point};
 use super::group_watch::RejoinRequests;
-use super::layout::TaskLayout;
 use super::producer::TxnProducer;
 use super::purge::Purger;
-use super::restore::{self, Rebuild, RestoreSettings};
-use super::task::{PipelineTask, Sinks, Task, Work};
+use super::restore::RestoreSettings;
+use super::task::Task;
 use super::txn::{Phase, Txn};
 use super::Shutdown;
 use crate::metrics::consumer_lag::ConsumerLag;
 use crate::metrics::held_back::HeldBack;
 use crate::metrics::Metrics;
-use crate::processors::PipelineProcessor;
 use crate::processors::{Reason, Rejection};
-use crate::reconcile::live::ReconcileTask;
-use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
-use crate::topology::{Stage, Topology};
-use anyhow::{anyhow, Context as _};
+use crate::store::StoreEnv;
+use crate::topology::Topology;
+use anyhow::anyhow;
+use opening::Opening;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::Message;
+use rdkafka::{Message, Offset, TopicPartitionList};
 use rebalance::StreamContext;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,9 +41,14 @@ const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 const SHUTDOWN_COMMIT: Duration = Duration::from_secs(10);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
 const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
-/// How long opening a task waits for its directory lock (held by a standby being opened or a
-/// store still closing on this host) before the generation fails and retries.
-const LOCK_WAIT: Duration = Duration::from_secs(30);
+/// How long a thread with tasks to process restores at a time before it polls again; it then
+/// processes as long before the next slice.
+const RESTORE_SLICE: Duration = Duration::from_millis(100);
+/// How long a thread with nothing else to do restores between two polls.
+const IDLE_RESTORE_SLICE: Duration = Duration::from_millis(500);
+/// The shortest poll between restore slices (a restore waiting for a lock or for a transaction
+/// to finish returns at once, and the loop must not spin).
+const OPENING_POLL: Duration = Duration::from_millis(10);
 /// How often tasks are asked for periodic work (expiry, scans, store gauges): not per record.
 const HOUSEKEEPING: Duration = Duration::from_millis(100);
 /// Time between leaving the group (once every task is revoked) and joining it again, so the
@@ -146,7 +150,8 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         restore: RestoreSettings::of(t),
         member: String::new(),
         failure: None,
-        to_open: Vec::new(),
+        opening: Vec::new(),
+        restore_turn: Instant::now(),
         joined: false,
         last_housekeeping: Instant::now(),
         lookup: (String::new(), 0),
@@ -217,7 +222,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             consumer.unsubscribe();
             rejoin_at = Some(Instant::now() + REJOIN_PAUSE);
         }
-        if rejoin_at.is_some_and(|at| Instant::now() >= at && st.tasks.is_empty() && st.to_open.is_empty()) {
+        if rejoin_at.is_some_and(|at| Instant::now() >= at && st.tasks.is_empty() && st.opening.is_empty()) {
             rejoin_at = None;
             consumer
                 .subscribe(topics)
@@ -233,6 +238,27 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
         thread = cfg.index,
         "stream thread stopping: last transaction committed, leaving the group"
     );
+    Ok(())
+}
+
+/// Lets the consumer fetch `key`'s partition again once its task is ready: from `skipped_from`
+/// when records of it were handed out (and skipped) while the task was opening.
+fn resume(
+    consumer: &BaseConsumer<StreamContext>,
+    key: &(String, i32),
+    skipped_from: Option<i64>,
+) -> Result<(), EngineError> {
+    let (topic, partition) = (key.0.as_str(), key.1);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    consumer
+        .resume(&tpl)
+        .map_err(|e| EngineError::from_kafka(e, "resuming the partition of a task that is ready"))?;
+    if let Some(offset) = skipped_from {
+        consumer
+            .seek(topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
+            .map_err(|e| EngineError::from_kafka(e, "reading again what was fetched while the task restored"))?;
+    }
     Ok(())
 }
 
@@ -257,8 +283,10 @@ struct ThreadState {
     /// The group member id the tasks were assigned under (empty before the first assignment).
     member: String,
     failure: Option<EngineError>,
-    /// Assigned partitions whose tasks are still to open and restore.
-    to_open: Vec<(String, i32)>,
+    /// Tasks of assigned partitions still opening and restoring.
+    opening: Vec<Opening>,
+    /// When the opening tasks may next be restored.
+    restore_turn: Instant,
     /// True once this generation got an assignment (counted in the instance's health).
     joined: bool,
     /// When the tasks' periodic work was last looked at.
@@ -270,7 +298,7 @@ struct ThreadState {
 impl Drop for ThreadState {
     fn drop(&mut self) {
         let health = &self.cfg.health;
-        health.restoring(-(self.to_open.len() as isize));
+        health.restoring(-(self.opening.len() as isize));
         if self.joined {
             health.thread_joined(false);
         }
@@ -278,25 +306,43 @@ impl Drop for ThreadState {
 }
 
 impl ThreadState {
-    /// Opens and restores the tasks of newly assigned partitions. The open transaction commits
-    /// first: a restore can take longer than `transaction.timeout.ms`, and a transaction held
-    /// open across it would be aborted by the broker.
+    /// Opens and restores the tasks of newly assigned partitions for a slice of time: most of
+    /// the time while the thread has no task to process, else [`RESTORE_SLICE`] in two. A ready
+    /// task's partition is resumed, from the first record handed out before it was ready.
     fn open_assigned(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        if self.to_open.is_empty() {
+        let now = Instant::now();
+        if self.opening.is_empty() || now < self.restore_turn {
             return Ok(());
         }
-        if matches!(self.txn.phase(), Phase::Open { .. }) {
-            self.commit(consumer)?;
-        }
-        while let Some((topic, partition)) = self.to_open.pop() {
-            if !self.tasks.contains_key(&(topic.clone(), partition)) {
-                let task = self.open_task(&topic, partition);
-                self.cfg.health.restoring(-1);
-                self.tasks.insert((topic, partition), task?);
+        let until = now
+            + if self.tasks.is_empty() {
+                IDLE_RESTORE_SLICE
             } else {
-                self.cfg.health.restoring(-1);
+                RESTORE_SLICE
+            };
+        let mut i = 0;
+        while i < self.opening.len() && Instant::now() < until {
+            if !self.opening[i].advance(&self.cfg, &self.restore, until)? {
+                i += 1;
+                continue;
             }
+            let opened = self.opening.swap_remove(i);
+            self.cfg.health.restoring(-1);
+            let (key, skipped_from) = (opened.key.clone(), opened.skipped_from);
+            let task = opened.into_task(&self.cfg)?;
+            self.tasks.insert(key.clone(), task);
+            resume(consumer, &key, skipped_from)?;
         }
+        // The next slice starts with the tasks this one did not reach: a long restore does not
+        // hold up the short ones behind it.
+        let reached = i.min(self.opening.len());
+        self.opening.rotate_left(reached);
+        let now = Instant::now();
+        self.restore_turn = if self.tasks.is_empty() {
+            now
+        } else {
+            now + RESTORE_SLICE
+        };
         Ok(())
     }
 
@@ -310,6 +356,12 @@ impl ThreadState {
         self.lookup.0.push_str(msg.topic());
         self.lookup.1 = msg.partition();
         let Some(task) = self.tasks.get_mut(&self.lookup) else {
+            if let Some(opening) = self.opening.iter_mut().find(|o| o.key == self.lookup) {
+                // Paused while its task restores, but fetched before the pause took hold: read
+                // again once the task is ready.
+                opening.skipped_from.get_or_insert(msg.offset());
+                return Ok(());
+            }
             // Every assigned partition's task is opened before a record is processed, so this
             // partition is not (or no longer) this member's: its owner processes the record.
             // Processing it here would write it a second time, in another transaction.
@@ -373,108 +425,14 @@ impl ThreadState {
         }
     }
 
-    fn open_task(&self, topic: &str, partition: i32) -> Result<Box<dyn Task>, EngineError> {
-        let t = &self.cfg.topology;
-        let fatal = |e: anyhow::Error| EngineError::Fatal(e);
-        let restored = |layout: &TaskLayout| -> Result<TaskStore, EngineError> {
-            let mut store = self.open_store(layout)?;
-            for (i, changelog) in layout.changelogs.iter().enumerate() {
-                restore::restore(
-                    &self.restore,
-                    &mut store,
-                    i,
-                    changelog,
-                    partition,
-                    &self.cfg.metrics,
-                    &|| {
-                        self.cfg.health.beat(self.cfg.index);
-                        !self.cfg.shutdown.is_triggered()
-                    },
-                )
-                .with_context(|| format!("restoring task {}", layout.name))
-                .map_err(fatal)?;
-            }
-            Ok(store)
-        };
-        if let (Some(settings), true) = (&t.reconcile, t.reconciled_topic() == Some(topic)) {
-            let layout = TaskLayout::of(t, topic, partition)
-                .ok_or_else(|| EngineError::Fatal(anyhow!("no reconciler layout for `{topic}`")))?;
-            let store = restored(&layout)?;
-            tracing::info!(task = %layout.name, topic, "task ready");
-            return Ok(Box::new(ReconcileTask::new(
-                layout.name,
-                partition,
-                settings.clone(),
-                store,
-                layout.changelogs,
-                t.dead_letter_topic.clone(),
-                self.cfg.metrics.clone(),
-            )));
+    /// How long the next poll may wait: until the open transaction is due or the opening
+    /// tasks' next restore slice.
+    fn poll_wait(&self, now: Instant) -> Duration {
+        let wait = self.txn_wait(now);
+        if self.opening.is_empty() {
+            return wait;
         }
-        let (pipeline, stage) = t
-            .stage_for_topic(topic)
-            .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
-        let name = pipeline.task_name(partition);
-        let work = match (stage, &pipeline.repartition) {
-            (Stage::Repartition, Some(r)) => Work::Repartition { topic: r.topic.clone() },
-            _ => {
-                let layout = TaskLayout::of(t, topic, partition)
-                    .ok_or_else(|| EngineError::Fatal(anyhow!("task {name} keeps no state")))?;
-                Work::Process {
-                    store: restored(&layout)?,
-                    changelogs: layout.changelogs,
-                    repartitioned: pipeline.repartition.is_some(),
-                }
-            }
-        };
-        let processor = PipelineProcessor::new(
-            Arc::new(pipeline.clone()),
-            t.processing.max_record_bytes,
-            self.cfg.global.clone(),
-        );
-        tracing::info!(task = %name, topic, stage = ?stage, "task ready");
-        let sinks = Sinks {
-            dead_letter: t.dead_letter_topic.clone(),
-            mappings: t.id_mapping.as_ref().map(|m| m.topic.clone()),
-            trace: t.trace.as_ref().map(|tr| (tr.topic.clone(), tr.level)),
-        };
-        Ok(Box::new(PipelineTask::new(
-            &t.application_id,
-            partition,
-            processor,
-            work,
-            sinks,
-            t.processing.expiry_scan_interval,
-        )))
-    }
-
-    /// The task's store: the standby copy when this instance holds one, else opened from disk,
-    /// waiting a while for a lock another store on this host still holds.
-    fn open_store(&self, layout: &TaskLayout) -> Result<TaskStore, EngineError> {
-        let deadline = Instant::now() + LOCK_WAIT;
-        loop {
-            if let Some(store) = self.cfg.standbys.take(&layout.dir) {
-                return Ok(store);
-            }
-            match TaskStore::open_or_rebuild(&layout.dir, &layout.stores, &self.cfg.store_env) {
-                Ok((store, rebuilt)) => {
-                    if rebuilt {
-                        for name in &layout.stores {
-                            Rebuild::CorruptDatabase.count(&self.cfg.metrics, name);
-                        }
-                    }
-                    return Ok(store);
-                }
-                Err(StoreError::Lock(LockError::Held(_))) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => {
-                    return Err(EngineError::Fatal(
-                        anyhow!(e).context(format!("opening the state of task {}", layout.name)),
-                    ))
-                }
-            }
-        }
+        wait.min(self.restore_turn.saturating_duration_since(now).max(OPENING_POLL))
     }
 
     /// Runs every task's periodic work (expiry, reconciliation scans) when it is due.

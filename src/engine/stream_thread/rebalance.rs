@@ -2,6 +2,7 @@
 //! thread inside `poll`, and the statistics that carry the consumer lag and the holds of open
 //! transactions.
 
+use super::opening::Opening;
 use super::ThreadState;
 use crate::engine::errors::EngineError;
 use crate::engine::member_id;
@@ -70,15 +71,15 @@ impl ConsumerContext for StreamContext {
                     if st.tasks.remove(&key).is_some() {
                         tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
                     }
-                    if let Some(i) = st.to_open.iter().position(|k| *k == key) {
-                        st.to_open.swap_remove(i);
+                    if let Some(i) = st.opening.iter().position(|o| o.key == key) {
+                        st.opening.swap_remove(i);
                         st.cfg.health.restoring(-1);
                     }
                 }
             }
             Rebalance::Assign(tpl) => {
                 let member = member_id::of(consumer);
-                if member != st.member && (!st.tasks.is_empty() || !st.to_open.is_empty()) {
+                if member != st.member && (!st.tasks.is_empty() || !st.opening.is_empty()) {
                     // librdkafka kept the partitions over a rejoin under a new member id: the
                     // group may have given them to another member meanwhile (see member_id.rs).
                     tracing::warn!(
@@ -97,17 +98,40 @@ impl ConsumerContext for StreamContext {
                     .map(|e| format!("{}[{}]", e.topic(), e.partition()))
                     .collect();
                 tracing::info!(partitions = %parts.join(","), "partitions assigned");
-                // Tasks open and restore right after this poll, before any record is processed.
+                // Tasks open and restore between the next polls, their partitions paused meanwhile
+                // (`post_rebalance`).
                 for el in tpl.elements() {
-                    st.to_open.push((el.topic().to_string(), el.partition()));
+                    let key = (el.topic().to_string(), el.partition());
+                    if st.tasks.contains_key(&key) || st.opening.iter().any(|o| o.key == key) {
+                        continue;
+                    }
+                    match Opening::new(&st.cfg, el.topic(), el.partition()) {
+                        Ok(opening) => {
+                            st.opening.push(opening);
+                            st.cfg.health.restoring(1);
+                        }
+                        Err(e) => {
+                            st.failure.get_or_insert(e);
+                        }
+                    }
                 }
-                st.cfg.health.restoring(tpl.count() as isize);
                 if !st.joined {
                     st.joined = true;
                     st.cfg.health.thread_joined(true);
                 }
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    /// Newly assigned partitions wait, paused, until their tasks have restored.
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            if let Err(e) = consumer.pause(tpl) {
+                // Records fetched for them anyway are skipped and read again once their task
+                // is ready (`Opening::skipped_from`).
+                tracing::warn!(error = %e, "could not pause the partitions whose tasks are restoring");
+            }
         }
     }
 }
