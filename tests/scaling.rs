@@ -10,12 +10,25 @@ use tally::demo::generator;
 
 #[test]
 fn scale_out_scale_in_and_rolling_restart_keep_exactly_once() {
-    let names = Names::new("scale");
+    scale_out_scale_in_and_rolling_restart("scale", false);
+}
+
+/// The same under KIP-848's consumer group protocol (docs/group-protocol.md).
+#[test]
+fn the_consumer_group_protocol_keeps_exactly_once_through_scaling_and_restarts() {
+    scale_out_scale_in_and_rolling_restart("scale-kip848", true);
+}
+
+fn scale_out_scale_in_and_rolling_restart(test: &str, consumer_protocol: bool) {
+    let names = Names::new(test);
     create_topics(&[(&names.input, 6), (&names.output, 6), (&names.dlq, 1)]);
     let gen = generator::payments(24_000, 0, 0, 77);
     let expected = gen.expected_keys.len();
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = write_topology(dir.path(), &names, 65536);
+    if consumer_protocol {
+        use_consumer_group_protocol(&topology);
+    }
     let start = |id: &str| Tally::start(&topology, id, dir.path().join(format!("{id}-{}.log", rand_suffix())));
 
     let (input, records) = (names.input.clone(), gen.records.clone());
@@ -35,6 +48,12 @@ fn scale_out_scale_in_and_rolling_restart_keep_exactly_once() {
         assert!(
             !events(&lines, "task ready").is_empty(),
             "a scaled-out instance ran tasks"
+        );
+        let kip848 = events(&lines, "group protocol `consumer`: the group watch is off");
+        assert_eq!(
+            !kip848.is_empty(),
+            consumer_protocol,
+            "ran the group protocol asked for"
         );
     }
     pause(&mut watcher, 5);

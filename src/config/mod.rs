@@ -104,4 +104,53 @@ mod tests {
         let member = problems(&topology("app", "p", "", "group.instance.id: x"));
         assert!(member.iter().any(|p| p.contains("group.instance.id")), "{member:?}");
     }
+
+    #[test]
+    fn the_consumer_group_protocol_refuses_what_it_does_not_take() {
+        let consumer = "group_protocol: consumer";
+        assert!(problems(&topology("app", "p", consumer, "")).is_empty());
+        assert!(problems(&topology(
+            "app",
+            "p",
+            "group_protocol: classic",
+            "session.timeout.ms: 6000"
+        ))
+        .is_empty());
+        let timing = problems(&topology(
+            "app",
+            "p",
+            consumer,
+            "session.timeout.ms: 6000, heartbeat.interval.ms: 1000",
+        ));
+        for name in ["session.timeout.ms", "heartbeat.interval.ms"] {
+            assert!(
+                timing
+                    .iter()
+                    .any(|p| p.contains("t.yaml:2:") && p.contains(&format!("group.consumer.{name}"))),
+                "{name}: {timing:?}"
+            );
+        }
+        let standbys = problems(&topology(
+            "app",
+            "p",
+            "group_protocol: consumer, num_standby_replicas: 1",
+            "",
+        ));
+        assert!(
+            standbys
+                .iter()
+                .any(|p| p.contains("t.yaml:3:") && p.contains("num_standby_replicas")),
+            "{standbys:?}"
+        );
+        let unknown = problems(&topology("app", "p", "group_protocol: streams", ""));
+        assert!(
+            unknown.iter().any(|p| p.contains("`classic` or `consumer`")),
+            "{unknown:?}"
+        );
+        let set_directly = problems(&topology("app", "p", "", "group.protocol: consumer"));
+        assert!(
+            set_directly.iter().any(|p| p.contains("group.protocol")),
+            "{set_directly:?}"
+        );
+    }
 }

@@ -155,6 +155,9 @@ pub struct RawProcessing {
     /// Join with a group.instance.id, so a quick restart moves nothing.
     #[schemars(with = "Option<bool>")]
     pub static_membership: Option<Spanned<bool>>,
+    /// `classic` (default) or `consumer` (KIP-848, server-side assignment).
+    #[schemars(with = "Option<String>")]
+    pub group_protocol: Option<Text>,
     /// How often expired dedup keys are deleted.
     #[schemars(with = "Option<u64>")]
     pub expiry_scan_interval_ms: Option<Spanned<u64>>,

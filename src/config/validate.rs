@@ -2,7 +2,7 @@
 
 use super::diagnostics::Collector;
 use super::raw::{RawTopology, Text};
-use crate::topology::{IdMapping, KafkaSettings, Processing, Source, Strategy, Topology, TraceSettings};
+use crate::topology::{GroupProtocol, IdMapping, KafkaSettings, Processing, Source, Strategy, Topology, TraceSettings};
 use crate::trace::Level;
 use serde_saphyr::{Location, Spanned};
 use std::collections::BTreeMap;
@@ -24,6 +24,8 @@ const RESERVED_PROPERTIES: &[&str] = &[
     "enable.idempotence",
     "partition.assignment.strategy",
     "group.instance.id",
+    // Chosen with `processing.group_protocol`, which also decides what else tally sets.
+    "group.protocol",
     // Forced off: a changelog deleted while tally runs must not come back uncompacted.
     "allow.auto.create.topics",
 ];
@@ -36,6 +38,7 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
     let application_id = required(c, raw.application_id, None, "`application_id` is required")
         .and_then(|t| kafka_name(c, &t, "application_id"));
 
+    let mut property_at = BTreeMap::new();
     let kafka = match raw.kafka {
         None => {
             c.at(0, 0, "`kafka` section is required (at least `bootstrap_servers`)");
@@ -45,6 +48,7 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
             let bootstrap = required(c, k.bootstrap_servers, None, "`kafka.bootstrap_servers` is required");
             let mut properties = BTreeMap::new();
             for (name, value) in k.properties {
+                property_at.insert(name.clone(), value.referenced);
                 if RESERVED_PROPERTIES.contains(&name.as_str()) {
                     c.at_loc(
                         value.referenced,
@@ -85,6 +89,25 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
                      use at most half the timeout, or raise `kafka.properties.transaction.timeout.ms`"
                 ),
             );
+        }
+    }
+    if processing
+        .as_ref()
+        .is_some_and(|p| p.group_protocol == GroupProtocol::Consumer)
+    {
+        // librdkafka refuses to create a consumer with these under KIP-848: the broker (or the
+        // group's config) holds the session and heartbeat times, and assigns itself.
+        for name in ["session.timeout.ms", "heartbeat.interval.ms"] {
+            if let Some(at) = property_at.get(name) {
+                c.at_loc(
+                    *at,
+                    format!(
+                        "kafka property `{name}` does not apply under `processing.group_protocol: consumer`: \
+                         the broker's `group.consumer.{name}` (or the group's `consumer.{name}`, set with \
+                         kafka-configs.sh --entity-type groups) decides it; remove it here"
+                    ),
+                );
+            }
         }
     }
     let (state_dir, state_cleanup_delay) = state(c, raw.state);
@@ -328,7 +351,32 @@ fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Opti
         86_400_000,
         "expiry_scan_interval_ms",
     );
+    let standbys_at = p.num_standby_replicas.as_ref().map(|n| n.referenced);
     let standbys = bounded(p.num_standby_replicas, 0, 0, 8, "num_standby_replicas");
+    let group_protocol = match p.group_protocol.as_ref().map(|g| (g.value.as_str(), g.referenced)) {
+        None | Some(("classic", _)) => GroupProtocol::Classic,
+        Some(("consumer", _)) => GroupProtocol::Consumer,
+        Some((other, at)) => {
+            c.at_loc(
+                at,
+                format!("`processing.group_protocol` is `{other}`; use `classic` or `consumer`"),
+            );
+            ok = false;
+            GroupProtocol::Classic
+        }
+    };
+    if let (GroupProtocol::Consumer, Some(at)) = (group_protocol, standbys_at) {
+        if standbys > 0 {
+            // Standbys are placed from the group's member assignments, which Kafka describes
+            // (DescribeGroups) for classic groups only.
+            c.at_loc(
+                at,
+                "`processing.num_standby_replicas` needs `group_protocol: classic` (standbys are placed from \
+                 the classic group's member assignments); use 0 or the classic protocol",
+            );
+            ok = false;
+        }
+    }
     ok.then(|| Processing {
         commit_interval: Duration::from_millis(commit_ms),
         threads: threads as usize,
@@ -336,6 +384,7 @@ fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Opti
         static_membership: p.static_membership.is_some_and(|s| s.value),
         expiry_scan_interval: Duration::from_millis(expiry_ms),
         num_standby_replicas: standbys as usize,
+        group_protocol,
     })
 }
 

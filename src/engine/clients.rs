@@ -1,6 +1,6 @@
 //! Kafka client configurations: the user's properties, then the settings exactly-once needs.
 
-use crate::topology::Topology;
+use crate::topology::{GroupProtocol, Topology};
 use rdkafka::ClientConfig;
 use std::time::Duration;
 
@@ -39,8 +39,13 @@ pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
         // fetch.queue.backoff.ms (1 s by default), which starves the thread behind a small
         // queue: look again after 10 ms. User settings win.
         .set_if_absent("queued.max.messages.kbytes", "2048")
-        .set_if_absent("fetch.queue.backoff.ms", "10")
-        .set("partition.assignment.strategy", "cooperative-sticky");
+        .set_if_absent("fetch.queue.backoff.ms", "10");
+    match t.processing.group_protocol {
+        GroupProtocol::Classic => c.set("partition.assignment.strategy", "cooperative-sticky"),
+        // The coordinator assigns (incrementally, like cooperative-sticky); librdkafka refuses
+        // a client-side strategy under this protocol.
+        GroupProtocol::Consumer => c.set("group.protocol", "consumer"),
+    };
     c
 }
 

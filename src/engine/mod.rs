@@ -23,7 +23,7 @@ pub mod txn;
 
 use crate::metrics::Metrics;
 use crate::store::{GlobalMappings, StoreEnv};
-use crate::topology::Topology;
+use crate::topology::{GroupProtocol, Topology};
 use anyhow::{anyhow, Context, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -169,7 +169,13 @@ pub async fn run(
         metrics.clone(),
         shutdown.clone(),
     );
-    handles.push(supervisor.spawn("tally-group-watch".into(), move || group_watch::run(t, id, r, m, sd))?);
+    if topology.processing.group_protocol == GroupProtocol::Classic {
+        handles.push(supervisor.spawn("tally-group-watch".into(), move || group_watch::run(t, id, r, m, sd))?);
+    } else {
+        // The coordinator reconciles assignments on every heartbeat: the classic protocol's
+        // stranded partitions cannot happen, and its group view is not described.
+        tracing::info!("group protocol `consumer`: the group watch is off");
+    }
     for index in 0..topology.processing.threads {
         let cfg = stream_thread::ThreadConfig {
             topology: topology.clone(),

@@ -96,6 +96,18 @@ pub struct Processing {
     pub expiry_scan_interval: Duration,
     /// Other instances that keep a warm copy of each task's stores.
     pub num_standby_replicas: usize,
+    /// The consumer group protocol of the stream threads.
+    pub group_protocol: GroupProtocol,
+}
+
+/// The consumer group protocol (docs/group-protocol.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupProtocol {
+    /// Client-side assignment (`cooperative-sticky`) with JoinGroup/SyncGroup rounds.
+    #[default]
+    Classic,
+    /// KIP-848: the coordinator assigns and reconciles partitions on heartbeats.
+    Consumer,
 }
 
 /// The live reconciler: events on the trace topic still open after `threshold` are reported.

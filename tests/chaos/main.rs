@@ -173,6 +173,9 @@ fn exactly_once_survives_sigkills_scaling_broker_restarts_and_lost_state() {
 struct Shape {
     threads: u64,
     standbys: u64,
+    /// TALLY_CHAOS_GROUP_PROTOCOL=consumer runs KIP-848 groups (without standbys, which need
+    /// the classic protocol), else `classic`.
+    consumer_protocol: bool,
 }
 
 impl Shape {
@@ -180,28 +183,54 @@ impl Shape {
     /// covers both shapes and a seed replays its own.
     fn for_run(seed: u64) -> Self {
         let threaded = seed % 2 == 1;
+        let consumer_protocol = std::env::var("TALLY_CHAOS_GROUP_PROTOCOL").is_ok_and(|p| p == "consumer");
         Self {
             threads: env_or("TALLY_CHAOS_THREADS", if threaded { 2 } else { 1 }),
-            standbys: env_or("TALLY_CHAOS_STANDBYS", threaded as u64),
+            standbys: if consumer_protocol {
+                0
+            } else {
+                env_or("TALLY_CHAOS_STANDBYS", threaded as u64)
+            },
+            consumer_protocol,
         }
     }
 
     fn describe(self) -> String {
-        format!("threads {}, standbys {}", self.threads, self.standbys)
+        let protocol = if self.consumer_protocol { "consumer" } else { "classic" };
+        format!(
+            "threads {}, standbys {}, group protocol {protocol}",
+            self.threads, self.standbys
+        )
+    }
+
+    /// `kafka.properties` and the extra `processing` settings of the group protocol: the
+    /// consumer protocol takes session and heartbeat times from the broker
+    /// (deploy/local/broker.properties.in sets the same 6 s and 1 s).
+    fn group_settings(self) -> (Vec<String>, &'static str) {
+        if self.consumer_protocol {
+            (Vec::new(), ", group_protocol: consumer")
+        } else {
+            (
+                vec!["session.timeout.ms: 6000".into(), "heartbeat.interval.ms: 1000".into()],
+                "",
+            )
+        }
     }
 }
 
 fn topology_yaml(app: &str, t: &Topics, alerts: &str, max_bytes: usize, shape: Shape) -> String {
+    let (mut properties, protocol) = shape.group_settings();
+    properties.extend(std::env::var("TALLY_CHAOS_KAFKA_DEBUG").map(|d| format!("debug: {d}")));
     format!(
         r#"
 application_id: {app}
 kafka:
   bootstrap_servers: "{bootstrap}"
-  properties: {{ session.timeout.ms: 6000, heartbeat.interval.ms: 1000{debug} }}
+  properties: {{ {properties} }}
 # Static membership: a killed instance restarted within the session timeout gets its own tasks
 # back and resumes from its own stores, the case that exposes a store running ahead of its
 # committed changelog.
-processing: {{ commit_interval_ms: 100, max_record_bytes: {max_bytes}, static_membership: true, threads: {threads}, num_standby_replicas: {standbys} }}
+processing: {{ commit_interval_ms: 100, max_record_bytes: {max_bytes}, static_membership: true, threads: {threads}, num_standby_replicas: {standbys}{protocol} }}
 state: {{ dir: "${{TALLY_STATE_DIR}}" }}
 sources:
   payments: {{ topic: {in0} }}
@@ -246,9 +275,7 @@ reconcile: {{ alerts_topic: {alerts}, scan_interval: {scan}, threshold: {thresho
         bootstrap = bootstrap(),
         threads = shape.threads,
         standbys = shape.standbys,
-        debug = std::env::var("TALLY_CHAOS_KAFKA_DEBUG")
-            .map(|d| format!(", debug: {d}"))
-            .unwrap_or_default(),
+        properties = properties.join(", "),
         in0 = t.inputs[0],
         in1 = t.inputs[1],
         in2 = t.inputs[2],

@@ -323,6 +323,23 @@ dead_letter: {{ topic: {dlq} }}
     path
 }
 
+/// Switches a topology written by [`write_topology_with`] to the consumer group protocol
+/// (KIP-848), which takes session and heartbeat times from the broker.
+pub fn use_consumer_group_protocol(topology: &Path) {
+    let yaml = std::fs::read_to_string(topology).expect("read topology");
+    let switched = yaml
+        .replace(
+            "  properties:\n    session.timeout.ms: 6000\n    heartbeat.interval.ms: 1000\n",
+            "  properties: {}\n",
+        )
+        .replace("processing: { ", "processing: { group_protocol: consumer, ");
+    assert!(
+        switched.contains("group_protocol: consumer") && !switched.contains("session.timeout.ms"),
+        "the topology has the shape write_topology_with gives it"
+    );
+    std::fs::write(topology, switched).expect("write topology");
+}
+
 /// A running `tally run` process with its JSON log in a file.
 pub struct Tally {
     child: Child,
