@@ -17,7 +17,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
+/// The catch-up fails when it reads nothing for this long: a time limit on the whole catch-up
+/// would stop every start once the topic holds more than that limit's worth of mappings.
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a long catch-up logs its progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 /// Records written to the store in one batch while catching up.
 const BATCH: usize = 1_000;
@@ -63,15 +67,31 @@ pub fn start(
         .collect();
     let mut applied = 0u64;
     let mut batch: Vec<Owned> = Vec::with_capacity(BATCH);
+    let (mut last_read, mut last_progress) = (Instant::now(), Instant::now());
     while !caught_up.values().all(|d| *d) {
-        if started.elapsed() > CATCH_UP_TIMEOUT {
+        if last_read.elapsed() > STALL_TIMEOUT {
             bail!(
-                "the mappings topic `{topic}` was not read to its end within {}s",
-                CATCH_UP_TIMEOUT.as_secs()
+                "reading the mappings topic `{topic}` to its end stalled: nothing arrived for {}s \
+                 ({applied} records applied); check that the broker is reachable and leads every \
+                 partition of the topic",
+                STALL_TIMEOUT.as_secs()
+            );
+        }
+        if shutdown.is_triggered() {
+            bail!("stopping while reading the mappings topic `{topic}`");
+        }
+        if last_progress.elapsed() >= PROGRESS_INTERVAL {
+            last_progress = Instant::now();
+            tracing::info!(
+                topic,
+                applied,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "loading ID mappings"
             );
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
+                last_read = Instant::now();
                 if m.offset() + 1 >= ends.get(&m.partition()).map_or(0, |(_, high)| *high) {
                     caught_up.insert(m.partition(), true);
                 }

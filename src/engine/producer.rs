@@ -2,6 +2,7 @@
 
 use super::errors::{classify, ErrorClass, TxnStep};
 use super::faults::{self, Point};
+use super::Shutdown;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
@@ -13,9 +14,13 @@ use std::time::{Duration, Instant};
 
 /// How often `await_deliveries` looks at the in-flight count.
 const DELIVERY_CHECK: Duration = Duration::from_micros(500);
-/// The timeout of one `commit_transaction` call; a timed-out call is repeated within the
-/// producer's timeout.
-const END_TXN_CALL: Duration = Duration::from_secs(5);
+/// The longest one transactional call blocks. A timed-out call is repeated (librdkafka keeps
+/// its state) within the wait's budget, so a stop request is noticed between calls and a broker
+/// back within the budget completes the step.
+const CALL: Duration = Duration::from_secs(5);
+/// The longest an abort waits: one that cannot finish costs nothing, since the next producer
+/// of the transactional id aborts what it left open.
+const ABORT_WAIT: Duration = Duration::from_secs(10);
 
 /// Highest delivered offset per (topic, partition) since the last take.
 type Delivered = HashMap<(String, i32), i64>;
@@ -66,6 +71,9 @@ pub struct TxnProducer {
     in_transaction: bool,
     timeout: Duration,
     limit: usize,
+    /// Once triggered, each wait has at most `stop_budget` left.
+    shutdown: Shutdown,
+    stop_budget: Duration,
 }
 
 /// Bytes a record takes in a batch beyond its key, value and header bytes: the batch header
@@ -83,28 +91,32 @@ pub fn record_size(key: Option<&[u8]>, payload: Option<&[u8]>, headers: &OwnedHe
 impl TxnProducer {
     /// Creates the producer and initialises transactions, fencing older producers of the same
     /// transactional id (and aborting what they left open). Records larger than `limit` bytes
-    /// are refused before librdkafka sees them (see [`TxnProducer::send`]).
-    pub fn new(config: &ClientConfig, timeout: Duration, limit: usize) -> KafkaResult<Self> {
-        let producer: ThreadedProducer<DeliveryTracker> = config.create_with_context(DeliveryTracker::default())?;
-        retry(timeout, || producer.init_transactions(timeout))?;
-        Ok(Self {
-            producer,
+    /// are refused before librdkafka sees them (see [`TxnProducer::send`]). Waits last up to
+    /// `timeout`, or `stop_budget` once `shutdown` is triggered: the last commit of a stopping
+    /// instance must not outlast its termination grace period when the cluster is away (what
+    /// it cannot commit, the next owner processes again).
+    pub fn new(
+        config: &ClientConfig,
+        timeout: Duration,
+        limit: usize,
+        shutdown: Shutdown,
+        stop_budget: Duration,
+    ) -> KafkaResult<Self> {
+        let producer = Self {
+            producer: config.create_with_context(DeliveryTracker::default())?,
             in_transaction: false,
             timeout,
             limit,
-        })
+            shutdown,
+            stop_budget,
+        };
+        producer.retry(timeout, |call| producer.producer.init_transactions(call))?;
+        Ok(producer)
     }
 
     /// True when a record of this shape fits the limit.
     pub fn fits(&self, key: Option<&[u8]>, payload: Option<&[u8]>, headers: &OwnedHeaders) -> bool {
         record_size(key, payload, headers) <= self.limit
-    }
-
-    /// Shortens every later wait (deliveries, offsets, commit, abort) to `to`: the last commit
-    /// before an instance stops must not outlast its termination grace period when the cluster
-    /// is away; what it cannot commit, the next owner processes again.
-    pub fn limit_waits(&mut self, to: Duration) {
-        self.timeout = self.timeout.min(to);
     }
 
     /// True while a transaction is open.
@@ -167,8 +179,8 @@ impl TxnProducer {
         self.await_deliveries();
         let delivered_at = Instant::now();
         if offsets.count() > 0 {
-            retry(self.timeout, || {
-                self.producer.send_offsets_to_transaction(offsets, group, self.timeout)
+            self.retry(self.timeout, |call| {
+                self.producer.send_offsets_to_transaction(offsets, group, call)
             })
             .map_err(|e| (e, TxnStep::SendOffsets))?;
         }
@@ -179,12 +191,8 @@ impl TxnProducer {
             ));
         }
         let offsets_at = Instant::now();
-        // A commit that timed out is resumed by calling it again (librdkafka keeps its state),
-        // in shorter calls so a broker back within the budget completes it.
-        retry(self.timeout, || {
-            self.producer.commit_transaction(END_TXN_CALL.min(self.timeout))
-        })
-        .map_err(|e| (e, TxnStep::EndTxn))?;
+        self.retry(self.timeout, |call| self.producer.commit_transaction(call))
+            .map_err(|e| (e, TxnStep::EndTxn))?;
         if faults::hit(Point::CommitOutcomeUnknown) {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut),
@@ -209,20 +217,53 @@ impl TxnProducer {
     /// count, watched here, reached zero after a few ms: a missed wake-up, not broker time. The
     /// stream thread is blocked for the whole commit, so it cost over half of a drain's time.
     fn await_deliveries(&self) {
-        let deadline = Instant::now() + self.timeout;
-        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+        let started = Instant::now();
+        while self.producer.in_flight_count() > 0 && started.elapsed() < self.budget(self.timeout) {
             std::thread::sleep(DELIVERY_CHECK);
         }
     }
 
-    /// Aborts the open transaction, if any, and forgets its delivered offsets.
+    /// Aborts the open transaction, if any, and forgets its delivered offsets. An abort that
+    /// fails is not tried again: the transaction is left to the next producer of the id.
     pub fn abort(&mut self) -> KafkaResult<()> {
         if self.in_transaction {
-            retry(self.timeout, || self.producer.abort_transaction(self.timeout))?;
             self.in_transaction = false;
+            self.retry(self.timeout.min(ABORT_WAIT), |call| {
+                self.producer.abort_transaction(call)
+            })?;
         }
         self.take_delivered();
         Ok(())
+    }
+
+    /// What is left of a wait of `budget`: all of it, or the stop budget once stopping.
+    fn budget(&self, budget: Duration) -> Duration {
+        if self.shutdown.is_triggered() {
+            budget.min(self.stop_budget)
+        } else {
+            budget
+        }
+    }
+
+    /// Repeats `call` (given how long it may block) while it fails with a retriable error, up to
+    /// `budget`; a stop request noticed meanwhile shortens what is left to the stop budget.
+    fn retry(&self, budget: Duration, mut call: impl FnMut(Duration) -> KafkaResult<()>) -> KafkaResult<()> {
+        let mut deadline = Instant::now() + self.budget(budget);
+        let mut stopping = self.shutdown.is_triggered();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match call(left.clamp(Duration::from_millis(100), CALL)) {
+                Err(e) if classify(&e) == ErrorClass::Retriable && Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "retriable Kafka error, retrying");
+                    if !stopping && self.shutdown.is_triggered() {
+                        stopping = true;
+                        deadline = deadline.min(Instant::now() + self.stop_budget);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     fn take_delivered(&self) -> Delivered {
@@ -243,18 +284,4 @@ fn describe(offsets: &TopicPartitionList) -> String {
         .map(|e| format!("{}[{}]={:?}", e.topic(), e.partition(), e.offset()))
         .collect::<Vec<_>>()
         .join(",")
-}
-
-/// Repeats a call while it fails with a retriable error, up to `budget`.
-fn retry(budget: Duration, mut call: impl FnMut() -> KafkaResult<()>) -> KafkaResult<()> {
-    let deadline = Instant::now() + budget;
-    loop {
-        match call() {
-            Err(e) if classify(&e) == ErrorClass::Retriable && Instant::now() < deadline => {
-                tracing::debug!(error = %e, "retriable Kafka error, retrying");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            other => return other,
-        }
-    }
 }

@@ -2,13 +2,13 @@
 //! are SIGKILLed, bounced, scaled 3 → 1 → 3, robbed of their state and frozen into zombies, and
 //! a broker that is stopped (SIGTERM) or killed (SIGKILL) and started again with its data.
 
-use crate::common::{bootstrap, free_address, http_get, Tally};
+use crate::common::{bootstrap, free_address, http_get, local_broker, local_broker_is_the_test_broker, Tally};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 /// One fault.
@@ -199,9 +199,9 @@ impl Cluster {
                 "scaled 3 → 1 (clean stops), bounced c1, back to 3".to_string()
             }
             Fault::BrokerRestart { sigkill } => {
-                broker(if sigkill { "kill" } else { "down" });
+                local_broker(if sigkill { "kill" } else { "down" });
                 std::thread::sleep(Duration::from_secs(2));
-                broker("up");
+                local_broker("up");
                 self.check_alive();
                 format!(
                     "broker {} and up again",
@@ -249,39 +249,12 @@ impl Cluster {
     }
 }
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/kafka")
-}
-
-/// Runs `deploy/local/kafka <command>` with this process's environment (TALLY_KAFKA_HOME,
-/// TALLY_KAFKA_PORT, … select the broker).
-fn broker(command: &str) {
-    let started = Instant::now();
-    let status = Command::new(script())
-        .arg(command)
-        .stdout(Stdio::null())
-        .status()
-        .expect("run deploy/local/kafka");
-    assert!(status.success(), "deploy/local/kafka {command} failed: {status}");
-    eprintln!("  broker {command}: {:.1}s", started.elapsed().as_secs_f64());
-}
-
 /// Refuses to restart a broker the script does not manage at the test's bootstrap address.
 pub fn assert_broker_is_ours() {
-    let out = Command::new(script())
-        .arg("bootstrap")
-        .output()
-        .expect("run deploy/local/kafka bootstrap");
-    let managed = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let running = Command::new(script())
-        .arg("status")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
     assert!(
-        managed == bootstrap() && running,
-        "the chaos run restarts the broker, but deploy/local/kafka manages {managed} (running: {running}) and the \
-         test uses {}; set TALLY_KAFKA_HOME/TALLY_KAFKA_PORT/TALLY_KAFKA_CONTROLLER_PORT for the test's broker, \
+        local_broker_is_the_test_broker(),
+        "the chaos run restarts the broker, but deploy/local/kafka does not manage a running broker at {}; \
+         set TALLY_KAFKA_HOME/TALLY_KAFKA_PORT/TALLY_KAFKA_CONTROLLER_PORT for the test's broker, \
          or TALLY_CHAOS_BROKER_RESTARTS=0",
         bootstrap()
     );

@@ -521,6 +521,39 @@ impl Drop for Tally {
     }
 }
 
+fn local_broker_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/kafka")
+}
+
+/// Runs `deploy/local/kafka <command>` (`up`, `down`, `kill`) with this process's environment
+/// (TALLY_KAFKA_HOME, TALLY_KAFKA_PORT, … select the broker).
+pub fn local_broker(command: &str) {
+    let started = Instant::now();
+    let status = Command::new(local_broker_script())
+        .arg(command)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run deploy/local/kafka");
+    assert!(status.success(), "deploy/local/kafka {command} failed: {status}");
+    eprintln!("  broker {command}: {:.1}s", started.elapsed().as_secs_f64());
+}
+
+/// True when `deploy/local/kafka` runs the broker at the test's bootstrap address, so a test
+/// may stop and start it.
+pub fn local_broker_is_the_test_broker() -> bool {
+    let out = Command::new(local_broker_script())
+        .arg("bootstrap")
+        .output()
+        .expect("run deploy/local/kafka bootstrap");
+    let managed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let running = Command::new(local_broker_script())
+        .arg("status")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    managed == bootstrap() && running
+}
+
 /// Parses a JSON log file (non-JSON lines are skipped).
 pub fn log_lines(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)

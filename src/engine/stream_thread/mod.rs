@@ -136,8 +136,14 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
     // `max.message.bytes` would fail the whole transaction.
     let mut producer_config = clients::transactional_producer(t, &txn_id);
     producer_config.set("message.max.bytes", cfg.write_limit.to_string());
-    let producer = TxnProducer::new(&producer_config, KAFKA_TIMEOUT, cfg.write_limit)
-        .map_err(|e| EngineError::from_kafka(e, "initialising the transactional producer"))?;
+    let producer = TxnProducer::new(
+        &producer_config,
+        KAFKA_TIMEOUT,
+        cfg.write_limit,
+        cfg.shutdown.clone(),
+        SHUTDOWN_COMMIT,
+    )
+    .map_err(|e| EngineError::from_kafka(e, "initialising the transactional producer"))?;
     let purger = Purger::new(&clients::base(t), cfg.rt.clone())
         .map_err(|e| EngineError::Fatal(e.context("creating the admin client for purging")))?;
     let state = ThreadState {
@@ -184,6 +190,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
     let ctx = consumer.context();
     let mut rejoin_at: Option<Instant> = None;
     let mut wait = POLL;
+    let mut consumer_errors = RepeatedErrors::default();
     while !cfg.shutdown.is_triggered() {
         cfg.health.beat(cfg.index);
         let polled = consumer.poll(wait);
@@ -197,7 +204,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             Some(Err(e)) => match classify(&e) {
                 ErrorClass::Fenced => return Err(EngineError::TaskMigrated(e.to_string())),
                 ErrorClass::Refused => return Err(EngineError::from_kafka(e, "consuming")),
-                _ => tracing::warn!(error = %e, "consumer error"),
+                _ => consumer_errors.seen(&e),
             },
             None => {}
         }
@@ -231,7 +238,6 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
         }
     }
     let mut st = lock(ctx)?;
-    st.producer.limit_waits(SHUTDOWN_COMMIT);
     st.commit(consumer)?;
     drop(st);
     tracing::info!(
@@ -260,6 +266,34 @@ fn resume(
             .map_err(|e| EngineError::from_kafka(e, "reading again what was fetched while the task restored"))?;
     }
     Ok(())
+}
+
+/// Consumer errors the loop goes on after, logged once per kind and interval: with the cluster
+/// away the consumer reports one every poll.
+#[derive(Default)]
+struct RepeatedErrors {
+    last: Option<(String, Instant)>,
+    suppressed: u64,
+}
+
+impl RepeatedErrors {
+    /// How long the same error stays quiet after it was logged.
+    const QUIET: Duration = Duration::from_secs(10);
+
+    fn seen(&mut self, e: &KafkaError) {
+        let text = e.to_string();
+        let repeated = self
+            .last
+            .as_ref()
+            .is_some_and(|(last, at)| *last == text && at.elapsed() < Self::QUIET);
+        if repeated {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(error = %text, repeated_since_last_logged = self.suppressed, "consumer error");
+        self.last = Some((text, Instant::now()));
+        self.suppressed = 0;
+    }
 }
 
 fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError> {
