@@ -4,6 +4,7 @@
 mod commit;
 mod opening;
 mod rebalance;
+mod repeated_errors;
 
 use super::clients;
 use super::emit::ProcessError;
@@ -29,15 +30,16 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use rebalance::StreamContext;
+use repeated_errors::RepeatedErrors;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(50);
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long each step of a stopping instance's last commit (deliveries, offsets, commit, or the
-/// abort after a failure) may wait for the cluster, instead of 30 s each: with the cluster away,
-/// SIGTERM ends the instance in well under a minute.
+/// Once a stop is requested, how long each wait for the cluster (the step under way, then each
+/// step of the last commit: deliveries, offsets, commit, or the abort after a failure) has left,
+/// instead of 30 s: with the cluster away, SIGTERM ends the instance in well under a minute.
 const SHUTDOWN_COMMIT: Duration = Duration::from_secs(10);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
 const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
@@ -204,7 +206,9 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             Some(Err(e)) => match classify(&e) {
                 ErrorClass::Fenced => return Err(EngineError::TaskMigrated(e.to_string())),
                 ErrorClass::Refused => return Err(EngineError::from_kafka(e, "consuming")),
-                _ => consumer_errors.seen(&e),
+                _ => {
+                    consumer_errors.seen(&e);
+                }
             },
             None => {}
         }
@@ -266,34 +270,6 @@ fn resume(
             .map_err(|e| EngineError::from_kafka(e, "reading again what was fetched while the task restored"))?;
     }
     Ok(())
-}
-
-/// Consumer errors the loop goes on after, logged once per kind and interval: with the cluster
-/// away the consumer reports one every poll.
-#[derive(Default)]
-struct RepeatedErrors {
-    last: Option<(String, Instant)>,
-    suppressed: u64,
-}
-
-impl RepeatedErrors {
-    /// How long the same error stays quiet after it was logged.
-    const QUIET: Duration = Duration::from_secs(10);
-
-    fn seen(&mut self, e: &KafkaError) {
-        let text = e.to_string();
-        let repeated = self
-            .last
-            .as_ref()
-            .is_some_and(|(last, at)| *last == text && at.elapsed() < Self::QUIET);
-        if repeated {
-            self.suppressed += 1;
-            return;
-        }
-        tracing::warn!(error = %text, repeated_since_last_logged = self.suppressed, "consumer error");
-        self.last = Some((text, Instant::now()));
-        self.suppressed = 0;
-    }
 }
 
 fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError> {
