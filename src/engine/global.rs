@@ -36,7 +36,7 @@ pub fn start(
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) -> Result<std::thread::JoinHandle<()>> {
-    let config = clients::restore_consumer(t);
+    let config = clients::global_reader(t);
     let consumer: BaseConsumer = config.create().context("creating the ID-mapping reader")?;
     let md = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(15))
