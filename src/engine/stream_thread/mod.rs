@@ -46,6 +46,9 @@ const MAX_RECORDS_PER_TRANSACTION: usize = 20_000;
 /// How long a thread with tasks to process restores at a time before it polls again; it then
 /// processes as long before the next slice.
 const RESTORE_SLICE: Duration = Duration::from_millis(100);
+/// Restores a thread runs at once: each has a consumer prefetching up to its queue's size, and
+/// one long restore still leaves room for the short ones behind it.
+const RESTORES_AT_ONCE: usize = 2;
 /// How long a thread with nothing else to do restores between two polls.
 const IDLE_RESTORE_SLICE: Duration = Duration::from_millis(500);
 /// The shortest poll between restore slices (a restore waiting for a lock or for a transaction
@@ -332,7 +335,8 @@ impl ThreadState {
             };
         let mut i = 0;
         while i < self.opening.len() && Instant::now() < until {
-            if !self.opening[i].advance(&self.cfg, &self.restore, until)? {
+            let may_start = self.opening.iter().filter(|o| o.restoring()).count() < RESTORES_AT_ONCE;
+            if !self.opening[i].advance(&self.cfg, &self.restore, until, may_start)? {
                 i += 1;
                 continue;
             }

@@ -83,12 +83,19 @@ impl Opening {
         })
     }
 
-    /// Opens and restores until `until`; true once the task is ready to process.
+    /// True while a changelog restore of this task is under way (its consumer prefetching).
+    pub(super) fn restoring(&self) -> bool {
+        self.restore.is_some()
+    }
+
+    /// Opens and restores until `until`; true once the task is ready to process. A restore not
+    /// yet under way starts only if `may_start`.
     pub(super) fn advance(
         &mut self,
         cfg: &ThreadConfig,
         settings: &RestoreSettings,
         until: Instant,
+        may_start: bool,
     ) -> Result<bool, EngineError> {
         let layout = match &self.kind {
             Kind::Reconcile(layout) | Kind::Process { layout, .. } => layout,
@@ -109,6 +116,7 @@ impl Opening {
             }
             let restore = match &mut self.restore {
                 Some(restore) => restore,
+                None if !may_start => return Ok(false),
                 None => self
                     .restore
                     .insert(Restore::start(settings, store, self.restored, changelog, partition).map_err(failed)?),
