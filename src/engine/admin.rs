@@ -248,8 +248,21 @@ fn create(admin: &AdminClient<DefaultClientContext>, rt: &Handle, new: &NewTopic
 
 /// For an authorization failure, `; ` and what to grant; else nothing.
 fn fix(code: RDKafkaErrorCode) -> String {
-    match errors::classify(&KafkaError::AdminOp(code)) {
+    // As a global error: rdkafka gives an `AdminOp` error no code to classify by.
+    match errors::classify(&KafkaError::Global(code)) {
         errors::ErrorClass::Refused => format!("; {}", errors::refusal_fix(code)),
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_authorization_failure_gets_the_acl_to_grant_and_other_errors_nothing() {
+        assert!(fix(RDKafkaErrorCode::TopicAuthorizationFailed).contains("topic ACLs"));
+        assert!(fix(RDKafkaErrorCode::ClusterAuthorizationFailed).contains("authorizer log"));
+        assert_eq!(fix(RDKafkaErrorCode::TopicAlreadyExists), "");
     }
 }
