@@ -218,26 +218,27 @@ impl EngineError {
 }
 
 /// The fix for a refusal whose code says little.
-const GENERIC_FIX: &str = "grant this principal the ACLs README.md lists under \"Secured Kafka\" (the broker's \
+const GENERIC_FIX: &str = "grant this principal the ACLs README.md lists under \"Secured clusters\" (the broker's \
      authorizer log names the operation it denied) or fix the credentials in `kafka.properties`";
 
-/// What an operator does about refusal `code`: the ACL (README.md's \"Secured Kafka\" table) or
+/// What an operator does about refusal `code`: the ACL (README.md's \"Secured clusters\" table) or
 /// the setting to change.
 pub fn refusal_fix(code: RDKafkaErrorCode) -> &'static str {
     match code {
         RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
             "grant this principal Write and Describe on the transactional ids prefixed \
-             `<application_id>-` (README.md, \"Secured Kafka\")"
+             `<application_id>-` (README.md, \"Secured clusters\")"
         }
         RDKafkaErrorCode::GroupAuthorizationFailed => {
             "grant this principal Read and Describe on the groups prefixed `<application_id>` \
-             (README.md, \"Secured Kafka\")"
+             (README.md, \"Secured clusters\")"
         }
         RDKafkaErrorCode::TopicAuthorizationFailed => {
-            "grant this principal the topic ACLs README.md lists under \"Secured Kafka\": Read and Describe on \
-             the sources; Write, Describe and DescribeConfigs on the outputs, dead-letter, trace, alerts and \
-             mappings topics; Create, Read, Write, Describe, DescribeConfigs and Delete on the topics prefixed \
-             `<application_id>-`"
+            "grant this principal the topic ACLs README.md lists under \"Secured clusters\": Read and Describe on \
+             the sources; Write, Describe and DescribeConfigs on the outputs, dead-letter, trace and alerts \
+             topics (and Read on the trace topic with `reconcile`); Create, Read, Write, Describe and \
+             DescribeConfigs on the ID-mapping topic; Create, Read, Write, Describe, DescribeConfigs and Delete \
+             on the topics prefixed `<application_id>-`"
         }
         RDKafkaErrorCode::SaslAuthenticationFailed | RDKafkaErrorCode::Authentication => {
             "fix `sasl.username`, `sasl.password` or `sasl.mechanism` in `kafka.properties` (or the \

@@ -61,7 +61,7 @@ impl Purger {
                             let fix = match err.rdkafka_error_code() {
                                 Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
                                     "; grant this principal Delete on the topics prefixed `<application_id>-` \
-                                     (README.md, \"Secured Kafka\")"
+                                     (README.md, \"Secured clusters\")"
                                 }
                                 _ => "",
                             };
