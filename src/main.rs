@@ -68,8 +68,9 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Compare what upstream says it sent with what tally processed.
     Reconcile {
+        // Boxed: the offline arguments would make every command's value as large as theirs.
         #[command(subcommand)]
-        mode: Reconcile,
+        mode: Box<Reconcile>,
     },
 }
 
@@ -91,9 +92,9 @@ fn main() -> ExitCode {
     commands::logging::init(cli.log_json, filter);
     let result = match cli.command {
         // Its own exit codes: 1 means anomalies, 2 that it could not run.
-        Command::Reconcile {
-            mode: Reconcile::Offline(args),
-        } => return commands::reconcile::offline(&args),
+        Command::Reconcile { mode } => match *mode {
+            Reconcile::Offline(args) => return commands::reconcile::offline(&args),
+        },
         Command::Run {
             topology,
             instance_id,

@@ -4,13 +4,15 @@
 //! unreadable sent records; with `--strict` also ghosts, duplicates and unreadable processed
 //! records), 2 the reconciliation could not run (arguments, files, Kafka).
 
+use crate::config::interpolate::interpolate_plain;
+use crate::engine::credentials;
 use crate::reconcile::files::FileFormat;
 use crate::reconcile::offline::{self, Options, ProcessedKind, SentSource};
 use crate::reconcile::report_file::ReportFormat;
 use crate::reconcile::sent_key::SentKey;
 use crate::reconcile::topic;
 use crate::reconcile::window::{parse_time, Window};
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -18,6 +20,8 @@ use std::process::ExitCode;
 pub const EXIT_FAILED: u8 = 1;
 /// Exit code when the reconciliation could not run.
 pub const EXIT_ERROR: u8 = 2;
+/// How long the reconciliation waits for the cluster to answer before it gives up.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Arguments of `tally reconcile offline`.
 #[derive(Debug, clap::Args)]
@@ -66,7 +70,15 @@ pub struct OfflineArgs {
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BOOTSTRAP")]
     pub bootstrap: String,
-    /// A librdkafka property for the consumers (TLS, SASL, …) as KEY=VALUE; repeatable.
+    /// librdkafka properties for the consumers (TLS, SASL, …) from a file of KEY=VALUE lines
+    /// (`#` starts a comment): the place for secrets, which a command line shows to everyone
+    /// on the host (`ps`).
+    #[arg(long, value_name = "PATH", env = "TALLY_KAFKA_PROPERTIES_FILE")]
+    pub kafka_properties_file: Option<PathBuf>,
+    /// A librdkafka property for the consumers (TLS, SASL, …) as KEY=VALUE; repeatable; wins
+    /// over the file. `${VAR}` in VALUE is read from the environment; a secret
+    /// (`sasl.password`, `ssl.key.password`, …) must come that way
+    /// (`--kafka-property 'sasl.password=${KAFKA_PASSWORD}'`) or from the file.
     #[arg(long = "kafka-property", value_name = "KEY=VALUE", value_parser = parse_property)]
     pub kafka_properties: Vec<(String, String)>,
     /// Write every anomaly to this file.
@@ -107,6 +119,12 @@ pub fn offline(args: &OfflineArgs) -> ExitCode {
 
 fn run_offline(args: &OfflineArgs) -> Result<bool> {
     let opts = options(args)?;
+    // A wrong password would otherwise read as an unreachable broker.
+    credentials::probe(
+        &opts.kafka,
+        "--kafka-properties-file or --kafka-property",
+        PROBE_TIMEOUT,
+    )?;
     let findings = offline::run(&opts)?;
     print!("{}", findings.render(&opts.sent.describe(), &opts.describe_processed()));
     let failures = offline::failures(&findings.summary, args.strict);
@@ -141,7 +159,12 @@ fn options(args: &OfflineArgs) -> Result<Options> {
         processed: args.processed.clone(),
         processed_kind: args.processed_kind,
         trace_node: args.trace_node.clone(),
-        kafka: topic::client_config(&args.bootstrap, &args.kafka_properties)?,
+        kafka: topic::client_config(
+            &args.bootstrap,
+            &kafka_properties(args.kafka_properties_file.as_deref(), &args.kafka_properties, |var| {
+                std::env::var(var).ok()
+            })?,
+        )?,
         report,
         examples: args.examples,
         work_dir: args.work_dir.clone(),
@@ -179,6 +202,120 @@ fn is_csv(path: &Path) -> bool {
 fn parse_property(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => Err(format!("`{text}` is not KEY=VALUE")),
+        // Never the value: it may be a secret.
+        Some(_) => Err("the key before `=` is empty; write KEY=VALUE".to_string()),
+        None => Err(format!("`{text}` has no `=`; write KEY=VALUE")),
+    }
+}
+
+/// The consumers' librdkafka properties: those of `file`, then `args` (whose `${VAR}`s `env`
+/// resolves). A secret written out in `args` is refused: the command line is visible in `ps`.
+/// No message repeats a value.
+fn kafka_properties(
+    file: Option<&Path>,
+    args: &[(String, String)],
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>> {
+    let mut properties = Vec::new();
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --kafka-properties-file {}", path.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            match line.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => properties.push((k.trim().to_string(), v.trim().to_string())),
+                _ => bail!(
+                    "--kafka-properties-file {} line {}: not KEY=VALUE (a comment line starts with `#`)",
+                    path.display(),
+                    n + 1
+                ),
+            }
+        }
+    }
+    for (key, value) in args {
+        // Exactly one variable, no default: a default would be a secret on the command line.
+        let one_variable = value
+            .strip_prefix("${")
+            .and_then(|v| v.strip_suffix('}'))
+            .is_some_and(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if credentials::is_secret(key) && !one_variable {
+            bail!(
+                "--kafka-property `{key}` is a secret, and a command line is visible to everyone on the host \
+                 (`ps`); put it in --kafka-properties-file, or in an environment variable written as \
+                 --kafka-property '{key}=${{VARIABLE}}'"
+            );
+        }
+        let (resolved, problems) = interpolate_plain(value, &env);
+        if let Some(p) = problems.first() {
+            bail!("--kafka-property `{key}`: {}", p.message);
+        }
+        properties.push((key.clone(), resolved));
+    }
+    Ok(properties)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(name: &str) -> Option<String> {
+        (name == "KAFKA_PASSWORD").then(|| "s3cr3t".to_string())
+    }
+
+    fn pair(k: &str, v: &str) -> (String, String) {
+        (k.to_string(), v.to_string())
+    }
+
+    #[test]
+    fn secrets_come_from_the_file_or_the_environment_and_the_command_line_wins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("client.properties");
+        std::fs::write(
+            &file,
+            "# the reader's login\nsecurity.protocol=SASL_SSL\n\nsasl.password = from-file \nsasl.username=a=b\n",
+        )
+        .expect("write");
+        let got = kafka_properties(Some(&file), &[pair("sasl.username", "tally")], env).expect("properties");
+        assert_eq!(
+            got,
+            vec![
+                pair("security.protocol", "SASL_SSL"),
+                pair("sasl.password", "from-file"),
+                pair("sasl.username", "a=b"),
+                pair("sasl.username", "tally"),
+            ]
+        );
+        let got = kafka_properties(None, &[pair("sasl.password", "${KAFKA_PASSWORD}")], env).expect("from env");
+        assert_eq!(got, vec![pair("sasl.password", "s3cr3t")]);
+    }
+
+    #[test]
+    fn a_secret_on_the_command_line_is_refused_without_repeating_it() {
+        let err = kafka_properties(None, &[pair("sasl.password", "hunter2")], env).expect_err("refused");
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("--kafka-properties-file") && text.contains("${VARIABLE}"),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+        let err = kafka_properties(None, &[pair("sasl.password", "${NOPE:-hunter2}")], env).expect_err("default");
+        assert!(!format!("{err:#}").contains("hunter2"), "{err:#}");
+        let err = kafka_properties(None, &[pair("sasl.password", "${UNSET_VAR}")], env).expect_err("unset");
+        assert!(format!("{err:#}").contains("`UNSET_VAR`"), "{err:#}");
+        let err = parse_property("=hunter2").expect_err("no key");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn a_malformed_file_line_is_named_by_number_not_content() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("client.properties");
+        std::fs::write(&file, "security.protocol=SASL_SSL\nhunter2\n").expect("write");
+        let err = kafka_properties(Some(&file), &[], env).expect_err("malformed");
+        let text = format!("{err:#}");
+        assert!(text.contains("line 2") && !text.contains("hunter2"), "{text}");
     }
 }

@@ -1,16 +1,17 @@
 //! Startup checks of the topics a topology uses, and creation of its changelog topics.
 
-use super::clients;
+use super::{clients, errors};
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
-const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a metadata, configuration or topic-creation request may take.
+pub const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Checks every source topic exists and creates missing internal topics (compacted changelogs,
 /// repartition topics) with the source's partition count. Returns each source topic's partition count.
@@ -105,7 +106,11 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
         None if !tm.partitions().is_empty() => Ok(Some(tm.partitions().len() as i32)),
         None => Ok(None),
         Some(e) if RDKafkaErrorCode::from(e) == RDKafkaErrorCode::UnknownTopicOrPartition => Ok(None),
-        Some(e) => bail!("metadata of topic `{topic}`: {}", RDKafkaErrorCode::from(e)),
+        Some(e) => bail!(
+            "metadata of topic `{topic}`: {}{}",
+            RDKafkaErrorCode::from(e),
+            fix(e.into())
+        ),
     }
 }
 
@@ -151,8 +156,8 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
     let mut compacted = t.changelog_topics();
     compacted.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
     for (topic, result) in topics.iter().zip(results) {
-        let config =
-            result.map_err(|code| anyhow::anyhow!("cannot read the configuration of topic `{topic}`: {code}"))?;
+        let config = result
+            .map_err(|code| anyhow::anyhow!("cannot read the configuration of topic `{topic}`: {code}{}", fix(code)))?;
         // A changelog whose old records are deleted by age restores a store without them: the
         // keys it forgot come out again as new events.
         let policy = config.get("cleanup.policy").and_then(|e| e.value.as_deref());
@@ -235,8 +240,29 @@ fn create(admin: &AdminClient<DefaultClientContext>, rt: &Handle, new: &NewTopic
         match r {
             Ok(_) => tracing::info!(topic, partitions = new.num_partitions, "created internal topic"),
             Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => bail!("cannot create internal topic `{name}`: {code}"),
+            Err((name, code)) => bail!("cannot create internal topic `{name}`: {code}{}", fix(code)),
         }
     }
     Ok(())
+}
+
+/// For an authorization failure, `; ` and what to grant; else nothing.
+fn fix(code: RDKafkaErrorCode) -> String {
+    // As a global error: rdkafka gives an `AdminOp` error no code to classify by.
+    match errors::classify(&KafkaError::Global(code)) {
+        errors::ErrorClass::Refused => format!("; {}", errors::refusal_fix(code)),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_authorization_failure_gets_the_acl_to_grant_and_other_errors_nothing() {
+        assert!(fix(RDKafkaErrorCode::TopicAuthorizationFailed).contains("topic ACLs"));
+        assert!(fix(RDKafkaErrorCode::ClusterAuthorizationFailed).contains("authorizer log"));
+        assert_eq!(fix(RDKafkaErrorCode::TopicAlreadyExists), "");
+    }
 }

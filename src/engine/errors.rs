@@ -204,10 +204,47 @@ impl EngineError {
     }
 
     fn refused(err: KafkaError, during: &str) -> Self {
+        let what = match err.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::SaslAuthenticationFailed | RDKafkaErrorCode::Authentication) => {
+                "rejected this instance's credentials"
+            }
+            _ => "refused this instance's principal",
+        };
+        let fix = err.rdkafka_error_code().map_or(GENERIC_FIX, refusal_fix);
         EngineError::Refused(anyhow::Error::new(err).context(format!(
-            "{during}: the Kafka cluster refused this instance's principal; grant the ACLs README.md \
-             lists (\"Secured Kafka\") or fix the credentials in `kafka.properties`, then start tally again"
+            "{during}: the Kafka cluster {what}; {fix}, then start tally again"
         )))
+    }
+}
+
+/// The fix for a refusal whose code says little.
+const GENERIC_FIX: &str = "grant this principal the ACLs README.md lists under \"Secured clusters\" (the broker's \
+     authorizer log names the operation it denied) or fix the credentials in `kafka.properties`";
+
+/// What an operator does about refusal `code`: the ACL (README.md's \"Secured clusters\" table) or
+/// the setting to change.
+pub fn refusal_fix(code: RDKafkaErrorCode) -> &'static str {
+    match code {
+        RDKafkaErrorCode::TransactionalIdAuthorizationFailed => {
+            "grant this principal Write and Describe on the transactional ids prefixed \
+             `<application_id>-` (README.md, \"Secured clusters\")"
+        }
+        RDKafkaErrorCode::GroupAuthorizationFailed => {
+            "grant this principal Read and Describe on the groups prefixed `<application_id>` \
+             (README.md, \"Secured clusters\")"
+        }
+        RDKafkaErrorCode::TopicAuthorizationFailed => {
+            "grant this principal the topic ACLs README.md lists under \"Secured clusters\": Read and Describe on \
+             the sources; Write, Describe and DescribeConfigs on the outputs, dead-letter, trace and alerts \
+             topics (and Read on the trace topic with `reconcile`); Create, Read, Write, Describe and \
+             DescribeConfigs on the ID-mapping topic; Create, Read, Write, Describe, DescribeConfigs and Delete \
+             on the topics prefixed `<application_id>-`"
+        }
+        RDKafkaErrorCode::SaslAuthenticationFailed | RDKafkaErrorCode::Authentication => {
+            "fix `sasl.username`, `sasl.password` or `sasl.mechanism` in `kafka.properties` (or the \
+             environment variables they come from), or create the user on the cluster"
+        }
+        _ => GENERIC_FIX,
     }
 }
 
@@ -269,17 +306,21 @@ mod tests {
                 "{stale:?}: the group moved on, the tasks go (never abort and keep their positions)"
             );
         }
-        for denied in [
-            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
-            RDKafkaErrorCode::GroupAuthorizationFailed,
-            RDKafkaErrorCode::SaslAuthenticationFailed,
+        for (denied, fix) in [
+            (
+                RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+                "on the transactional ids prefixed",
+            ),
+            (RDKafkaErrorCode::GroupAuthorizationFailed, "on the groups prefixed"),
+            (RDKafkaErrorCode::TopicAuthorizationFailed, "topic ACLs"),
+            (RDKafkaErrorCode::SaslAuthenticationFailed, "`sasl.password`"),
         ] {
             let Recovery::Restart(EngineError::Refused(e)) =
                 recovery(KafkaError::MessageProduction(denied), TxnStep::EndTxn)
             else {
                 panic!("{denied:?}: a refusal stops the instance, no retry, no rejoin");
             };
-            assert!(format!("{e:#}").contains("ACLs"), "it says what to fix: {e:#}");
+            assert!(format!("{e:#}").contains(fix), "it says what to fix: {e:#}");
         }
     }
 

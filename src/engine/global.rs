@@ -2,6 +2,7 @@
 //! (like a Kafka Streams global stream thread): at startup from the positions the store recorded
 //! (the whole topic only on a first start), then tailing it.
 
+use super::errors::{self, EngineError};
 use super::stable_end::{self, StableEnd};
 use super::{clients, Shutdown};
 use crate::metrics::Metrics;
@@ -102,6 +103,10 @@ pub fn start(
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 caught_up.insert(p, true);
+            }
+            // No retry passes a missing ACL: stop now with the fix, not after the catch-up timeout.
+            Some(Err(e)) if errors::classify(&e) == errors::ErrorClass::Refused => {
+                return Err(EngineError::from_kafka(e, &format!("reading the mappings topic `{topic}`")).into());
             }
             Some(Err(e)) => tracing::warn!(error = %e, "reading the mappings topic"),
             None => {

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod clients;
+pub mod credentials;
 pub mod emit;
 pub mod errors;
 pub mod faults;
@@ -72,6 +73,9 @@ pub async fn run(
         let t = topology.clone();
         let rt = tokio::runtime::Handle::current();
         let prepared = tokio::task::spawn_blocking(move || {
+            // Rejected credentials look like an unreachable cluster to the admin client: tell
+            // them apart first, so a wrong password stops tally instead of being waited out.
+            credentials::probe(&clients::base(&t), "`kafka.properties`", admin::METADATA_TIMEOUT)?;
             admin::prepare_topics(&t, &rt)?;
             admin::write_limit(&t, &rt)
         })

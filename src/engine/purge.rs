@@ -3,6 +3,7 @@
 
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,8 +51,29 @@ impl Purger {
         }
         let request = self.admin.delete_records(&tpl, &AdminOptions::new());
         self.rt.spawn(async move {
-            if let Err(e) = request.await {
-                tracing::warn!(error = %e, "purging consumed repartition records failed; will retry");
+            match request.await {
+                Err(e) => tracing::warn!(error = %e, "purging consumed repartition records failed; will retry"),
+                // The request succeeds as a whole while each partition may fail on its own (a
+                // missing Delete ACL, for one), and the topic then grows for good.
+                Ok(done) => {
+                    for e in done.elements() {
+                        if let Err(err) = e.error() {
+                            let fix = match err.rdkafka_error_code() {
+                                Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                                    "; grant this principal Delete on the topics prefixed `<application_id>-` \
+                                     (README.md, \"Secured clusters\")"
+                                }
+                                _ => "",
+                            };
+                            tracing::warn!(
+                                topic = e.topic(),
+                                partition = e.partition(),
+                                error = %err,
+                                "purging consumed repartition records failed; will retry{fix}"
+                            );
+                        }
+                    }
+                }
             }
         });
     }

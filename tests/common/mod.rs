@@ -16,9 +16,36 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tally::demo::generator::GeneratedRecord;
 
-/// The broker the test command started.
+/// The cluster a test binary chose instead of the test command's broker (a secured one it
+/// started itself): its bootstrap address and the client properties to reach it.
+static CLUSTER: std::sync::OnceLock<(String, Vec<(String, String)>)> = std::sync::OnceLock::new();
+
+/// Points every helper of this test binary at `bootstrap`, with `properties` (TLS, SASL) on
+/// every client; once per process.
+pub fn use_cluster(bootstrap: &str, properties: &[(String, String)]) {
+    let chosen = (bootstrap.to_string(), properties.to_vec());
+    assert!(
+        CLUSTER.set(chosen).is_ok(),
+        "use_cluster is called once per test binary"
+    );
+}
+
+/// The broker the test command started, or the one [`use_cluster`] chose.
 pub fn bootstrap() -> String {
+    if let Some((chosen, _)) = CLUSTER.get() {
+        return chosen.clone();
+    }
     std::env::var("KAFKA_BOOTSTRAP").unwrap_or_else(|_| "127.0.0.1:9092".to_string())
+}
+
+/// A client configuration for the test's cluster, before the client's own settings.
+pub fn client() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    for (k, v) in CLUSTER.get().map(|(_, p)| p.as_slice()).unwrap_or_default() {
+        c.set(k, v);
+    }
+    c.set("bootstrap.servers", bootstrap());
+    c
 }
 
 /// A plain HTTP/1.0 GET of `path` (with its query string) from `addr`: status code and body.
@@ -99,10 +126,7 @@ impl Names {
 
 /// Creates topics (name, partitions), failing the test if the broker refuses.
 pub fn create_topics(topics: &[(&str, i32)]) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .create()
-        .expect("admin client");
+    let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
     let new: Vec<NewTopic> = topics
         .iter()
         .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
@@ -127,8 +151,7 @@ pub fn produce(topic: &str, records: &[GeneratedRecord]) {
 /// Writes records in chunks of `chunk`, pausing `pause` after each, so a run sees input arrive
 /// while it processes.
 pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pause: Duration) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    let producer: BaseProducer = client()
         .set("linger.ms", "20")
         .set("message.max.bytes", "10000000")
         .create()
@@ -159,8 +182,7 @@ pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pau
 /// A read_committed consumer assigned to every partition of `topic` from the beginning, and the
 /// partition count; `eof` turns on end-of-partition events.
 pub fn committed_reader(topic: &str, eof: bool) -> (BaseConsumer, usize) {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    let consumer: BaseConsumer = client()
         .set("group.id", "tally-test-reader")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", if eof { "true" } else { "false" })
@@ -210,12 +232,8 @@ pub fn read_committed(topic: &str, min: usize, timeout: Duration) -> Vec<OwnedMe
 /// a transaction must become readable with read_committed (an open transaction would hold the
 /// last stable offset back).
 pub fn assert_no_open_transactions(topic: &str) {
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .create()
-        .expect("producer");
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    let producer: BaseProducer = client().create().expect("producer");
+    let consumer: BaseConsumer = client()
         .set("group.id", "tally-test-marker")
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
