@@ -5,23 +5,9 @@ mod common;
 
 use common::*;
 use std::time::{Duration, Instant};
-use tally::demo::generator::GeneratedRecord;
 
 /// How long deploy/k8s gives a pod between SIGTERM and SIGKILL.
 const GRACE_PERIOD: Duration = Duration::from_secs(60);
-
-fn payments(range: std::ops::Range<usize>) -> Vec<GeneratedRecord> {
-    range
-        .map(|i| GeneratedRecord {
-            key: format!("P-{i:04}").into_bytes(),
-            payload:
-                serde_json::json!({"event_type": "payment.paid", "payment_id": format!("P-{i:04}"), "status": "PAID"})
-                    .to_string()
-                    .into_bytes(),
-            headers: Vec::new(),
-        })
-        .collect()
-}
 
 #[test]
 fn sigterm_with_the_cluster_away_ends_tally_within_the_grace_period_and_loses_nothing() {

@@ -27,19 +27,6 @@ fn a_changelog_that_is_not_compacted_stops_tally_with_the_fix() {
     );
 }
 
-fn payments(range: std::ops::Range<usize>) -> Vec<GeneratedRecord> {
-    range
-        .map(|i| GeneratedRecord {
-            key: format!("P-{i:04}").into_bytes(),
-            payload:
-                serde_json::json!({"event_type": "payment.paid", "payment_id": format!("P-{i:04}"), "status": "PAID"})
-                    .to_string()
-                    .into_bytes(),
-            headers: Vec::new(),
-        })
-        .collect()
-}
-
 #[test]
 fn a_corrupt_task_store_is_moved_aside_rebuilt_from_its_changelog_and_counted() {
     let names = Names::new("corrupt-store");

@@ -358,6 +358,21 @@ pub fn use_consumer_group_protocol(topology: &Path) {
     std::fs::write(topology, switched).expect("write topology");
 }
 
+/// `payment.paid` events `P-<i>` keyed by payment id, for the payments topology of
+/// [`write_topology_with`].
+pub fn payments(range: std::ops::Range<usize>) -> Vec<GeneratedRecord> {
+    range
+        .map(|i| GeneratedRecord {
+            key: format!("P-{i:04}").into_bytes(),
+            payload:
+                serde_json::json!({"event_type": "payment.paid", "payment_id": format!("P-{i:04}"), "status": "PAID"})
+                    .to_string()
+                    .into_bytes(),
+            headers: Vec::new(),
+        })
+        .collect()
+}
+
 /// A running `tally run` process with its JSON log in a file.
 pub struct Tally {
     child: Child,
