@@ -83,17 +83,33 @@ impl GlobalMappings {
         Self::with_db(db, dir.to_path_buf(), Some(lock))
     }
 
-    /// A store that lives in memory only (tests and tools).
+    /// A store that lives in memory only (tests and tools, and the unused store of a topology
+    /// without `id_mapping`).
     pub fn in_memory() -> Result<Self, StoreError> {
-        let dir = PathBuf::from("/in-memory/global-mappings");
+        // Named in error messages only.
+        let label = PathBuf::from("(in-memory global-mappings)");
+        let dir = Self::in_memory_path().map_err(|source| StoreError::Io {
+            path: label.clone(),
+            source,
+        })?;
         let rocks = |source| StoreError::Rocks {
-            path: dir.clone(),
+            path: label.clone(),
             source,
         };
         let mut opts = StoreEnv::default().db_options();
         opts.set_env(&rocksdb::Env::mem_env().map_err(rocks)?);
         let db = DB::open(&opts, &dir).map_err(rocks)?;
-        Self::with_db(db, dir, None)
+        Self::with_db(db, label, None)
+    }
+
+    /// Where [`GlobalMappings::in_memory`] opens its database: the working directory, which
+    /// exists. rust-rocksdb creates the database path on the real filesystem before it opens,
+    /// whatever the Env; a path of its own made `/in-memory/global-mappings` at the root of the
+    /// host, and stopped tally where it may not write there (a non-root user, a read-only root
+    /// filesystem in a container). The memory Env needs an absolute path and keeps the files;
+    /// each store has an Env of its own, so stores sharing the path never meet.
+    fn in_memory_path() -> std::io::Result<PathBuf> {
+        std::env::current_dir()
     }
 
     fn with_db(db: DB, dir: PathBuf, lock: Option<TaskLock>) -> Result<Self, StoreError> {
@@ -311,6 +327,17 @@ mod tests {
             key,
             value,
         }
+    }
+
+    #[test]
+    fn in_memory_stores_open_where_nothing_is_created_and_stay_apart() {
+        // The path exists already, so rust-rocksdb's create_dir_all writes nothing to disk.
+        assert!(GlobalMappings::in_memory_path().expect("a working directory").is_dir());
+        let a = GlobalMappings::in_memory().expect("opens");
+        let b = GlobalMappings::in_memory().expect("a second one opens beside it");
+        a.apply(&[put(0, "int/u1/erp", Some("ERP-1"))]).expect("applies");
+        assert_eq!(a.get("int/u1/erp").expect("reads").as_deref(), Some("ERP-1"));
+        assert_eq!(b.get("int/u1/erp").expect("reads"), None);
     }
 
     #[test]
