@@ -59,8 +59,15 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
                 t.kafka.bootstrap_servers
             )
         })?;
-        let changelog = t.changelog_topic(Topology::RECONCILE_STORE);
-        ensure_internal(&admin, rt, &changelog, n, &[("cleanup.policy", "compact")])?;
+        for store in t.reconciler_stores() {
+            ensure_internal(
+                &admin,
+                rt,
+                &t.changelog_topic(&store),
+                n,
+                &[("cleanup.policy", "compact")],
+            )?;
+        }
     }
     if let Some(m) = &t.id_mapping {
         ensure_internal(&admin, rt, &m.topic, m.partitions, &[("cleanup.policy", "compact")])?;
@@ -136,9 +143,9 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
         topics.extend(p.repartition.as_ref().map(|r| r.topic.clone()));
     }
     topics.extend(t.trace.as_ref().map(|tr| tr.topic.clone()));
-    if let Some(r) = &t.reconcile {
+    if let (Some(r), Some(_)) = (&t.reconcile, t.reconciled_topic()) {
         topics.push(r.alerts_topic.clone());
-        topics.push(t.changelog_topic(Topology::RECONCILE_STORE));
+        topics.extend(t.reconciler_stores().iter().map(|s| t.changelog_topic(s)));
     }
     topics.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
     topics.sort();

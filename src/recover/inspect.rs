@@ -1,6 +1,7 @@
 //! `tally inspect`: everything the topics say about one event, found by its idempotency key or
-//! its correlation id: its trace records at every node, its outputs and its dead letters, in
-//! time order, so an operator can locate where it stopped.
+//! its correlation id: its trace records at every node, its outputs, its dead letters and the
+//! live reconciler's alerts about it, in time order, so an operator can locate where it
+//! stopped (for an event tally never consumed, the alert says where it waits).
 
 use crate::engine::emit::{
     IDEMPOTENCY_KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
@@ -30,7 +31,7 @@ pub enum Query {
 /// One record that names the event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Sighting {
-    /// `trace`, `output` or `dead_letter`.
+    /// `trace`, `output`, `dead_letter` or `alert`.
     pub kind: &'static str,
     /// `<topic>/<partition>/<offset>` of the record.
     pub at: String,
@@ -120,6 +121,28 @@ pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
         Ok(())
     })
     .with_context(|| format!("reading the dead-letter topic `{}`", t.dead_letter_topic))?;
+    if let Some(r) = &t.reconcile {
+        let mut waiting = Vec::new();
+        read_to_end(&reader, &r.alerts_topic, &mut |m| {
+            if let Some((s, place)) = alert_sighting(m, query) {
+                found.push(s);
+                waiting.extend(place.map(|p| (found.len() - 1, p)));
+            }
+            Ok(())
+        })
+        .with_context(|| format!("reading the alerts topic `{}`", r.alerts_topic))?;
+        if !waiting.is_empty() {
+            let positions = group_positions(&reader, &t.application_id, waiting.iter().map(|(_, p)| p))?;
+            for (i, place) in waiting {
+                let now = match positions.get(&(place.0.clone(), place.1)) {
+                    Some(&at) if at > place.2 => format!("; tally's group has consumed it since (now at {at})"),
+                    Some(&at) => format!("; tally's group still waits at offset {at}"),
+                    None => "; tally's group has no offset there yet".to_string(),
+                };
+                found[i].detail.push_str(&now);
+            }
+        }
+    }
     if found.is_empty() && t.trace.is_none() {
         bail!("nothing found, and the topology writes no trace records: only outputs and dead letters were searched");
     }
@@ -181,6 +204,80 @@ fn trace_sighting(
         }
     }
     Some((sighting(m, "trace", detail), fields.event_id))
+}
+
+/// Where an event waits: topic, partition, offset.
+type Place = (String, i32, i64);
+
+/// The fields of an alert record `inspect` shows.
+#[derive(serde::Deserialize)]
+struct AlertFields {
+    kind: Option<String>,
+    event_id: Option<String>,
+    idempotency_key: Option<String>,
+    correlation_id: Option<String>,
+    node: Option<String>,
+    topic: Option<String>,
+    partition: Option<i32>,
+    offset: Option<i64>,
+    age_ms: Option<i64>,
+}
+
+/// The alert record `m` when it names the event, with where the event waits when the alert
+/// says it was not consumed.
+fn alert_sighting(m: &BorrowedMessage<'_>, query: &Query) -> Option<(Sighting, Option<Place>)> {
+    let fields: AlertFields = serde_json::from_slice(m.payload()?).ok()?;
+    let matches = match query {
+        Query::Key(k) => fields.idempotency_key.as_deref() == Some(k.as_str()),
+        Query::Correlation(c) => fields.correlation_id.as_deref() == Some(c.as_str()),
+    };
+    if !matches {
+        return None;
+    }
+    let place = match (fields.topic, fields.partition, fields.offset) {
+        (Some(t), Some(p), Some(o)) => Some((t, p, o)),
+        _ => None,
+    };
+    let mut detail = format!(
+        "{} at {}, event {}, {} s old",
+        fields.kind.as_deref().unwrap_or("?"),
+        fields.node.as_deref().unwrap_or("?"),
+        fields.event_id.as_deref().unwrap_or("?"),
+        fields.age_ms.unwrap_or(0) / 1000
+    );
+    if let Some((t, p, o)) = &place {
+        detail.push_str(&format!(", not consumed from {t}/{p}/{o}"));
+    }
+    Some((sighting(m, "alert", detail), place))
+}
+
+/// The committed offsets of `group` on the partitions of `places`.
+fn group_positions<'a>(
+    reader: &rdkafka::ClientConfig,
+    group: &str,
+    places: impl Iterator<Item = &'a Place>,
+) -> Result<std::collections::HashMap<(String, i32), i64>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let mut config = reader.clone();
+    config.set("group.id", group).set("enable.auto.commit", "false");
+    let consumer: BaseConsumer = config.create().context("creating a consumer to read tally's offsets")?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (topic, partition, _) in places {
+        if tpl.find_partition(topic, *partition).is_none() {
+            tpl.add_partition(topic, *partition);
+        }
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .with_context(|| format!("reading the committed offsets of group `{group}`"))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+            _ => None,
+        })
+        .collect())
 }
 
 fn sighting(m: &BorrowedMessage<'_>, kind: &'static str, detail: String) -> Sighting {

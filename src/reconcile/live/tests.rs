@@ -10,6 +10,8 @@ fn task(dir: &std::path::Path) -> ReconcileTask {
         alerts_topic: "alerts".into(),
         scan_interval: Duration::from_secs(1),
         threshold: Duration::from_secs(10),
+        run: crate::topology::ReconcileRun::InProcess,
+        watch: None,
     };
     let metrics = Arc::new(Metrics::new("test").expect("metrics"));
     ReconcileTask::new(
