@@ -125,6 +125,8 @@ pub struct Watcher {
     application_id: String,
     trace_topic: String,
     reader: ClientConfigHolder,
+    /// When each partition was last scanned, ms.
+    scanned: HashMap<(String, i32), i64>,
 }
 
 /// The reader's client settings and, once made, the reader.
@@ -146,6 +148,7 @@ impl Watcher {
             threshold_ms: threshold.as_millis() as i64,
             partition,
             trace_topic,
+            scanned: HashMap::new(),
         }
     }
 
@@ -159,7 +162,7 @@ impl Watcher {
     }
 
     fn scan_with(
-        &self,
+        &mut self,
         consumer: &BaseConsumer,
         store: &mut TaskStore,
         now_ms: i64,
@@ -182,6 +185,7 @@ impl Watcher {
                     watched,
                     partition: q,
                     committed: committed.get(&q).copied(),
+                    last_scan_ms: self.scanned.insert((watched.topic.clone(), q), now_ms),
                     now_ms,
                 };
                 let budget_left = budget.saturating_sub(report.stuck.len());
@@ -239,8 +243,11 @@ impl Watcher {
             None => state.head = None,
             Some(first) => {
                 if state.head != Some(first.offset) {
+                    // tally reached this record after the last scan saw another head, and not
+                    // before it was appended.
+                    let appended = state.appended_ms(first.offset, first.timestamp_ms, ctx.now_ms);
                     state.head = Some(first.offset);
-                    state.head_since_ms = ctx.now_ms;
+                    state.head_since_ms = appended.max(ctx.last_scan_ms.unwrap_or(i64::MIN));
                 }
                 report.unconsumed += (high - from).max(0) as u64;
                 let waited = ctx.now_ms - state.head_since_ms;
@@ -316,6 +323,8 @@ struct PartitionScan<'a> {
     partition: i32,
     /// tally's committed offset, when its group has one.
     committed: Option<i64>,
+    /// When this watcher last scanned the partition (not kept across restarts).
+    last_scan_ms: Option<i64>,
     now_ms: i64,
 }
 
