@@ -91,6 +91,9 @@ enum Reconcile {
         #[arg(long, env = "TALLY_HTTP_ADDRESS")]
         http_address: Option<std::net::SocketAddr>,
     },
+    /// Close failed (dead-lettered) or stuck events that will not be redriven, with a reason
+    /// that is recorded on the trace topic next to the event's other records.
+    Ack(commands::acknowledge::AckArgs),
     /// Report missing, ghost and duplicate keys between a sent file or topic and a processed
     /// topic; exit 0 when nothing is missing, 1 when it fails, 2 when it cannot run.
     Offline(Box<commands::reconcile::OfflineArgs>),
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
         // Its own exit codes: 1 means anomalies, 2 that it could not run.
         Command::Reconcile { mode } => match *mode {
             Reconcile::Offline(args) => return commands::reconcile::offline(&args),
+            Reconcile::Ack(args) => commands::acknowledge::ack(&args),
             Reconcile::Live {
                 topology,
                 instance_id,

@@ -76,6 +76,8 @@ pub struct Metrics {
     pub reconcile_oldest_open_age_seconds: GaugeVec,
     /// Alert records written for stuck events.
     pub reconcile_alerts: IntCounter,
+    /// Failed (dead-lettered) events neither redriven nor acknowledged, per reconciler task.
+    pub reconcile_failed_events: IntGaugeVec,
     /// Records appended to tally's inputs beyond its group's committed offsets, per reconciler
     /// task (the separately run reconciler's watch).
     pub reconcile_unconsumed_records: IntGaugeVec,
@@ -243,6 +245,11 @@ impl Metrics {
         )?;
         registry.register(Box::new(reconcile_oldest_open_age_seconds.clone()))?;
         let reconcile_alerts = counter("reconcile_alerts_total", "Alert records written for stuck events")?;
+        let reconcile_failed_events = gauge_vec(
+            "reconcile_failed_events",
+            "Failed (dead-lettered) events neither redriven nor acknowledged at the last reconciler scan",
+            &["task"],
+        )?;
         let reconcile_unconsumed_records = gauge_vec(
             "reconcile_unconsumed_records",
             "Records appended to tally's inputs beyond its group's committed offsets at the last watch",
@@ -290,6 +297,7 @@ impl Metrics {
             reconcile_stuck_events,
             reconcile_unconsumed_records,
             reconcile_longest_wait_seconds,
+            reconcile_failed_events,
             reconcile_oldest_open_age_seconds,
             reconcile_alerts,
         })

@@ -2,7 +2,8 @@
 //! *found* by the separately deployed reconciler (`tally reconcile live`) within the threshold
 //! plus one scan, *located* by `tally inspect` from their correlation id, and *recovered* when
 //! tally runs again, each exactly once. Two ways of not processing: every instance stopped, and
-//! one instance frozen with SIGSTOP while it holds partitions. The times are printed (and
+//! one instance frozen with SIGSTOP while it holds partitions. A dead-lettered event alerts on
+//! its own and stays open until it is redriven or acknowledged. The times are printed (and
 //! recorded in docs/reconciliation.md).
 
 mod common;
@@ -147,7 +148,7 @@ fn events_sent_while_every_instance_is_stopped_are_found_located_and_recovered()
     topics(&names);
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = yaml(6_000);
-    let reconciler = Tally::start_reconciler_yaml(&yaml, &names, dir.path(), "reconciler-1");
+    let reconciler = Tally::start_reconciler_yaml(&yaml, &names, dir.path(), "reconciler-1", &[]);
     let tally = Tally::start_yaml(&yaml, &names, dir.path(), "a");
     produce(&names.input, &(0..100).map(payment).collect::<Vec<_>>());
     assert_eq!(wait_for_count(&names.output, 100, Duration::from_secs(60)), 100);
@@ -226,7 +227,7 @@ fn events_held_by_a_frozen_instance_are_found_and_recovered_when_the_group_moves
     let dir = tempfile::tempdir().expect("tempdir");
     // A session longer than the threshold: the freeze is seen before the group moves anything.
     let yaml = yaml(20_000);
-    let reconciler = Tally::start_reconciler_yaml(&yaml, &names, dir.path(), "reconciler-1");
+    let reconciler = Tally::start_reconciler_yaml(&yaml, &names, dir.path(), "reconciler-1", &[]);
     let a = Tally::start_yaml(&yaml, &names, dir.path(), "a");
     let b = Tally::start_yaml(&yaml, &names, dir.path(), "b");
     produce(&names.input, &(0..100).map(payment).collect::<Vec<_>>());
@@ -267,5 +268,134 @@ fn events_held_by_a_frozen_instance_are_found_and_recovered_when_the_group_moves
          after sending (session timeout 20 s)",
         alerted.len(),
         found_ms.unwrap_or(-1)
+    );
+}
+
+/// The reconciler's `tally_reconcile_failed_events` summed over its tasks, once every trace
+/// partition's task reports it.
+fn failed_events(http: &str, tasks: usize) -> Option<i64> {
+    let (_, body) = http_get(http, "/metrics")?;
+    let values: Vec<i64> = body
+        .lines()
+        .filter(|l| l.starts_with("tally_reconcile_failed_events{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (values.len() == tasks).then(|| values.iter().sum())
+}
+
+fn wait_for_failed(http: &str, expected: i64) -> Option<i64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = None;
+    while Instant::now() < deadline {
+        last = failed_events(http, 2);
+        if last == Some(expected) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    last
+}
+
+fn tally_command(args: &[&str], env: &[(&str, String)]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("tally runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code(), text)
+}
+
+#[test]
+fn a_dead_lettered_event_alerts_at_once_and_stays_open_until_redriven_or_acknowledged() {
+    let names = Names::new("flr-failed");
+    topics(&names);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A long threshold: what alerts here alerts because it failed, not because it is old.
+    let yaml = yaml(6_000).replace("threshold: 4s", "threshold: 10m");
+    let http = free_address();
+    let reconciler = Tally::start_reconciler_yaml(
+        &yaml,
+        &names,
+        dir.path(),
+        "reconciler-1",
+        &[("TALLY_HTTP_ADDRESS", http.clone())],
+    );
+    let tally = Tally::start_yaml(&yaml, &names, dir.path(), "a");
+    let bad = |i: usize, route: &str| GeneratedRecord {
+        key: format!("B-{i}").into_bytes(),
+        payload: serde_json::json!({"event_type": route, "payment_id": format!("B-{i}"), "status": "PAID"})
+            .to_string()
+            .into_bytes(),
+        headers: vec![("correlation_id".to_string(), format!("bad-{i}"))],
+    };
+    let mut alerts = Alerts::new(&names);
+    let sent_at = now_ms();
+    // No route for `refund.*`: both are dead-lettered.
+    produce(
+        &names.input,
+        &[bad(1, "refund.issued"), bad(2, "refund.issued"), payment(1)],
+    );
+    assert_eq!(
+        alerts.wait_for(2, Duration::from_secs(30)),
+        2,
+        "{:?}",
+        alerts.seen.keys()
+    );
+    let found_ms = alerts.seen.values().map(|(_, at)| at - sent_at).max().unwrap_or(-1);
+    for (alert, _) in alerts.seen.values() {
+        assert_eq!(alert["kind"], "failed_event", "{alert}");
+    }
+    assert_eq!(wait_for_failed(&http, 2), Some(2), "both failures open");
+
+    // Recovered: one acknowledged with a reason, then the other redriven (to a topic of its
+    // own: the route is still missing); each closes, and inspect shows how.
+    let env = Tally::env_of(&names, dir.path(), "a", &[]);
+    let topology = dir.path().join("a.yaml").display().to_string();
+    let parked = format!("{}-parked", names.input);
+    create_topics(&[(&parked, 1)]);
+    let event = |corr: &str| alerts.seen[corr].0["event_id"].as_str().unwrap_or_default().to_string();
+    let (code, text) = tally_command(
+        &[
+            "reconcile",
+            "ack",
+            &topology,
+            "--event-id",
+            &event("bad-2"),
+            "--reason",
+            "refunds are out of scope (TICKET-1)",
+            "--by",
+            "oncall",
+        ],
+        &env,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(wait_for_failed(&http, 1), Some(1), "the acknowledged event closes");
+    let (code, text) = tally_command(&["redrive", &topology, "--to", &parked, "--since", "10m"], &env);
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(wait_for_count(&parked, 2, Duration::from_secs(10)), 2);
+    assert_eq!(
+        wait_for_failed(&http, 0),
+        Some(0),
+        "redriven and acknowledged events close"
+    );
+    let shows = |corr: &str, what: &str| {
+        let lines = inspect(Path::new(&topology), &env, corr);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["detail"].as_str().unwrap_or_default().contains(what)),
+            "{corr}: no `{what}` in {lines:?}"
+        );
+    };
+    shows("bad-1", "(REDRIVEN)");
+    shows(
+        "bad-2",
+        "(ACKNOWLEDGED), reason: oncall: refunds are out of scope (TICKET-1)",
+    );
+    tally.stop();
+    reconciler.stop();
+    eprintln!(
+        "found_located_recovered (dead-lettered): 2 failures alerted {found_ms} ms after sending (threshold 10 min)"
     );
 }

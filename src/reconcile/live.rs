@@ -39,7 +39,8 @@ pub struct OpenEvent {
     pub first_seen_ms: i64,
     /// The node that opened it.
     pub node: String,
-    /// Its last non-terminal status (`RECEIVED` or `PROCESSING`).
+    /// Its last non-terminal status (`RECEIVED` or `PROCESSING`), or `FAILED`: a failed event
+    /// (dead-lettered) stays open until it is redriven or acknowledged.
     pub status: Status,
     /// The business idempotency key, when the writer knew it.
     pub idempotency_key: Option<String>,
@@ -64,7 +65,7 @@ struct TraceIn<'a> {
     timestamp_ms: i64,
 }
 
-/// The alert record written for a stuck event.
+/// The alert record written for a stuck or failed event.
 #[derive(Debug, Serialize)]
 struct Alert<'a> {
     format: &'static str,
@@ -103,6 +104,27 @@ pub struct ScanReport {
     pub oldest_age_ms: i64,
     /// Alert records written by this scan.
     pub alerted: u64,
+    /// Failed (dead-lettered) events neither redriven nor acknowledged.
+    pub failed: u64,
+}
+
+impl ScanReport {
+    /// Takes back the count of an event found closed after the pass counted it.
+    fn forget(&mut self, counted_as: &Option<Status>) {
+        match counted_as {
+            Some(Status::Failed) => self.failed = self.failed.saturating_sub(1),
+            _ => {
+                self.open = self.open.saturating_sub(1);
+                self.stuck = self.stuck.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// The status the committed store holds for an event, if any.
+fn committed_status(store: &TaskStore, key: &[u8]) -> Option<Status> {
+    let bytes = store.get(0, key).ok()??;
+    codec::decode::<OpenEvent>(&bytes).ok().map(|o| o.status)
 }
 
 /// A scan pass under way: where it stopped and what it has counted so far.
@@ -218,16 +240,26 @@ impl ReconcileTask {
             Some(p) => (p.open, p.stored),
             None => self.stored_entry(key)?,
         };
-        if t.status.is_terminal() {
+        if t.status == Status::Completed {
             if stored {
                 self.txn.insert(key.to_vec(), Pending { open: None, stored });
             }
             return Ok(Ok(()));
         }
         let open = match current {
-            Some(mut o) => {
+            // A failure is reported on its own, whether or not the event was reported stuck.
+            Some(mut o) if t.status == Status::Failed && o.status != Status::Failed => {
                 o.status = t.status;
                 o.node = t.node;
+                o.alerted = false;
+                o
+            }
+            Some(mut o) => {
+                // A late RECEIVED or PROCESSING does not reopen a failed event.
+                if o.status != Status::Failed {
+                    o.status = t.status;
+                    o.node = t.node;
+                }
                 o
             }
             None => OpenEvent {
@@ -313,6 +345,14 @@ impl ReconcileTask {
             seen += 1;
             if let Ok(open) = codec::decode::<OpenEvent>(&value) {
                 let age = clock_ms.saturating_sub(open.first_seen_ms);
+                if open.status == Status::Failed {
+                    pass.report.failed += 1;
+                    if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
+                        candidates.push((key.to_vec(), age));
+                    }
+                    last = Some(key);
+                    continue;
+                }
                 pass.report.open += 1;
                 pass.report.oldest_age_ms = pass.report.oldest_age_ms.max(age);
                 if age >= threshold_ms {
@@ -329,8 +369,7 @@ impl ReconcileTask {
             // The scan reads committed entries only: this transaction may have closed the event
             // since, and writing it back would reopen it for good.
             let (Some(mut open), stored) = self.read(&key)? else {
-                pass.report.open -= 1;
-                pass.report.stuck -= 1;
+                pass.report.forget(&committed_status(&self.store, &key));
                 continue;
             };
             if open.alerted {
@@ -367,9 +406,13 @@ impl ReconcileTask {
         let threshold_ms = self.settings.threshold.as_millis() as u64;
         for (key, open, age) in stuck {
             let event_id = String::from_utf8_lossy(key);
+            let kind = match open.status {
+                Status::Failed => "failed_event",
+                _ => "stuck_event",
+            };
             let alert = Alert {
                 format: ALERT_FORMAT,
-                kind: "stuck_event",
+                kind,
                 event_id: &event_id,
                 idempotency_key: open.idempotency_key.as_deref(),
                 correlation_id: &open.correlation_id,
@@ -390,13 +433,19 @@ impl ReconcileTask {
             };
             producer.send(out).map_err(ProcessError::Kafka)?;
             tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
-                .in_scope(|| {
-                    tracing::warn!(
+                .in_scope(|| match open.status {
+                    Status::Failed => tracing::warn!(
+                        event_id = %event_id,
+                        node = %open.node,
+                        "event failed (dead-lettered); it stays open until `tally redrive` sends it again or \
+                         `tally reconcile ack` records why it may stay failed"
+                    ),
+                    _ => tracing::warn!(
                         event_id = %event_id,
                         node = %open.node,
                         age_s = age / 1000,
                         "event received but not completed after the threshold"
-                    )
+                    ),
                 });
         }
         Ok(())
@@ -497,6 +546,7 @@ impl ReconcileTask {
         m.reconcile_oldest_open_age_seconds
             .with_label_values(&l)
             .set(r.oldest_age_ms as f64 / 1000.0);
+        m.reconcile_failed_events.with_label_values(&l).set(r.failed as i64);
         m.reconcile_alerts.inc_by(r.alerted);
     }
 }
@@ -642,6 +692,7 @@ impl Drop for ReconcileTask {
         let _ = m.reconcile_stuck_events.remove_label_values(&l);
         let _ = m.reconcile_oldest_open_age_seconds.remove_label_values(&l);
         let _ = m.reconcile_unconsumed_records.remove_label_values(&l);
+        let _ = m.reconcile_failed_events.remove_label_values(&l);
         let _ = m.reconcile_longest_wait_seconds.remove_label_values(&l);
     }
 }

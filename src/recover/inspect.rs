@@ -16,9 +16,6 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 use std::time::{Duration, UNIX_EPOCH};
 
-/// Header outputs carry the correlation id in when the pipeline names none.
-const DEFAULT_CORRELATION_HEADER: &str = "correlation_id";
-
 /// What to look for.
 #[derive(Debug, Clone)]
 pub enum Query {
@@ -73,9 +70,10 @@ pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
             Ok(())
         })
         .with_context(context)?;
-        // A node that has not computed the key (the repartition node) names the event only by
-        // where it came from: a second pass takes every record of the events found.
-        if matches!(query, Query::Key(_)) && !events.is_empty() {
+        // A node that has not computed the key (the repartition node), a redrive and an
+        // acknowledgement name the event only by its id: a second pass takes every record of
+        // the events found.
+        if !events.is_empty() {
             found.clear();
             read_to_end(&reader, &trace.topic, &mut |m| {
                 found.extend(trace_sighting(m, query, Some(&events)).map(|(s, _)| s));
@@ -87,10 +85,7 @@ pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
     let outputs: BTreeSet<(&str, &str, &str)> = t
         .pipelines
         .iter()
-        .map(|p| {
-            let header = p.correlation.header.as_deref().unwrap_or(DEFAULT_CORRELATION_HEADER);
-            (p.output.topic.as_str(), p.name.as_str(), header)
-        })
+        .map(|p| (p.output.topic.as_str(), p.name.as_str(), p.correlation_header()))
         .collect();
     for (topic, pipeline, correlation_header) in outputs {
         read_to_end(&reader, topic, &mut |m| {
@@ -101,11 +96,7 @@ pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
         })
         .with_context(|| format!("reading the output topic `{topic}`"))?;
     }
-    let correlation_headers: BTreeSet<&str> = t
-        .pipelines
-        .iter()
-        .map(|p| p.correlation.header.as_deref().unwrap_or(DEFAULT_CORRELATION_HEADER))
-        .collect();
+    let correlation_headers: BTreeSet<&str> = t.pipelines.iter().map(|p| p.correlation_header()).collect();
     read_to_end(&reader, &t.dead_letter_topic, &mut |m| {
         if correlation_headers.iter().any(|h| names(m, query, h)) {
             let text = |name| headers::text(m, name).unwrap_or("?");
@@ -167,6 +158,7 @@ struct TraceFields {
     node: Option<String>,
     status: Option<String>,
     outcome: Option<String>,
+    reason: Option<String>,
 }
 
 /// The trace record `m` when it names the event (by the query, or, given `events`, by its
@@ -192,6 +184,9 @@ fn trace_sighting(
     );
     if let Some(o) = fields.outcome {
         detail.push_str(&format!(" ({o})"));
+    }
+    if let Some(r) = fields.reason {
+        detail.push_str(&format!(", reason: {r}"));
     }
     detail.push_str(&format!(", event {}", fields.event_id.as_deref().unwrap_or("?")));
     match query {

@@ -3,10 +3,13 @@
 //! coordinates, in the same transaction as its copy: a second run, or one that resumes after a
 //! crash, skips what was already sent, whatever its filters.
 
-use crate::engine::emit::{PAYLOAD_OMITTED_HEADER, REASON_HEADER, SOURCE_TOPIC_HEADER};
+use crate::engine::emit::{
+    now_ms, PAYLOAD_OMITTED_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
 use crate::engine::{admin, clients, headers};
 use crate::reconcile::topic::{self, read_to_end};
 use crate::topology::Topology;
+use crate::trace::{self, Status, TraceRecord, FORMAT};
 use anyhow::{bail, Context, Result};
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -78,6 +81,8 @@ pub fn log_topic(t: &Topology) -> String {
 /// A dead letter chosen for sending.
 struct Letter {
     coordinates: String,
+    /// The failed event's trace event id and correlation id, when the letter names its source.
+    event: Option<(String, String)>,
     to: String,
     reason: String,
     key: Option<Vec<u8>>,
@@ -172,6 +177,19 @@ fn select(
     let Some(payload) = m.payload() else {
         return unsendable("the record had no value");
     };
+    // The failed event this letter stands for, closed in the trace when its copy is sent.
+    let event = match (&source, header(SOURCE_PARTITION_HEADER), header(SOURCE_OFFSET_HEADER)) {
+        (Some(topic), Some(partition), Some(offset)) => {
+            let correlation_header = t
+                .stage_for_topic(topic)
+                .map_or("correlation_id", |(p, _)| p.correlation_header());
+            Some((
+                format!("{topic}/{partition}/{offset}"),
+                header(correlation_header).unwrap_or_default(),
+            ))
+        }
+        _ => None,
+    };
     let to = match (&selection.to, source, &pipeline) {
         (Some(to), _, _) => to.clone(),
         (None, Some(source), Some(_)) => source,
@@ -186,6 +204,7 @@ fn select(
         .collect();
     Some(Letter {
         coordinates,
+        event,
         to,
         reason,
         key: m.key().map(<[u8]>::to_vec),
@@ -223,6 +242,27 @@ fn send(t: &Topology, client: &ClientConfig, log: &str, letters: &[Letter]) -> R
                 .send(record)
                 .map_err(|(e, _)| e)
                 .with_context(|| format!("sending dead letter {} to `{}`", l.coordinates, l.to))?;
+            if let (Some(trace_settings), Some((event_id, correlation_id))) = (&t.trace, &l.event) {
+                let node = format!("{}/redrive", t.application_id);
+                let closing = TraceRecord {
+                    format: FORMAT,
+                    event_id,
+                    idempotency_key: None,
+                    correlation_id,
+                    node: &node,
+                    status: Status::Completed,
+                    outcome: Some(trace::Outcome::Redriven),
+                    timestamp_ms: now_ms(),
+                    reason: None,
+                };
+                let value = serde_json::to_vec(&closing).context("encoding a trace record")?;
+                producer
+                    .send(BaseRecord::to(&trace_settings.topic).key(event_id).payload(&value))
+                    .map_err(|(e, _)| e)
+                    .with_context(|| {
+                        format!("closing event {event_id} on the trace topic `{}`", trace_settings.topic)
+                    })?;
+            }
             let entry = serde_json::json!({"to": l.to, "reason": l.reason}).to_string();
             producer
                 .send(BaseRecord::to(log).key(&l.coordinates).payload(&entry))

@@ -297,6 +297,12 @@ pub struct Output {
 }
 
 impl Pipeline {
+    /// The header the correlation id is read from and written to (`correlation_id` unless the
+    /// pipeline names one).
+    pub fn correlation_header(&self) -> &str {
+        self.correlation.header.as_deref().unwrap_or("correlation_id")
+    }
+
     /// The topic the stateful part reads: the repartition topic or the source.
     pub fn process_topic(&self) -> &str {
         self.repartition.as_ref().map_or(&self.input_topic, |r| &r.topic)

@@ -415,10 +415,16 @@ impl Tally {
 
     /// Runs `yaml` with `tally reconcile live` (the separately deployed reconciler) as
     /// `instance_id`, with the test's topics and a state dir of its own under `state`.
-    pub fn start_reconciler_yaml(yaml: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
+    pub fn start_reconciler_yaml(
+        yaml: &str,
+        names: &Names,
+        state: &Path,
+        instance_id: &str,
+        extra: &[(&str, String)],
+    ) -> Self {
         let path = state.join(format!("{instance_id}.yaml"));
         std::fs::write(&path, yaml).expect("write topology");
-        let env = Self::env_of(names, state, instance_id, &[]);
+        let env = Self::env_of(names, state, instance_id, extra);
         let log = state.join(format!("{instance_id}.log"));
         Self::spawn(&["reconcile", "live"], &path, instance_id, log, &env)
     }
