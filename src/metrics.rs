@@ -74,8 +74,8 @@ pub struct Metrics {
     pub reconcile_stuck_events: IntGaugeVec,
     /// Age of the oldest open event at the last scan, per reconciler task.
     pub reconcile_oldest_open_age_seconds: GaugeVec,
-    /// Alert records written for stuck events.
-    pub reconcile_alerts: IntCounter,
+    /// Alert records written, per kind (`stuck_event`, `failed_event`, `unprocessed_event`).
+    pub reconcile_alerts: IntCounterVec,
     /// Failed (dead-lettered) events neither redriven nor acknowledged, per reconciler task.
     pub reconcile_failed_events: IntGaugeVec,
     /// Records appended to tally's inputs beyond its group's committed offsets, per reconciler
@@ -244,7 +244,11 @@ impl Metrics {
             &["task"],
         )?;
         registry.register(Box::new(reconcile_oldest_open_age_seconds.clone()))?;
-        let reconcile_alerts = counter("reconcile_alerts_total", "Alert records written for stuck events")?;
+        let reconcile_alerts = counter_vec(
+            "reconcile_alerts_total",
+            "Alert records written by the live reconciler, per kind",
+            &["kind"],
+        )?;
         let reconcile_failed_events = gauge_vec(
             "reconcile_failed_events",
             "Failed (dead-lettered) events neither redriven nor acknowledged at the last reconciler scan",

@@ -432,6 +432,7 @@ impl ReconcileTask {
                 headers: OwnedHeaders::new().insert(header("correlation_id", &open.correlation_id)),
             };
             producer.send(out).map_err(ProcessError::Kafka)?;
+            self.metrics.reconcile_alerts.with_label_values(&[kind]).inc();
             tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
                 .in_scope(|| match open.status {
                     Status::Failed => tracing::warn!(
@@ -510,6 +511,7 @@ impl ReconcileTask {
                 headers: OwnedHeaders::new().insert(header("correlation_id", &u.correlation_id)),
             };
             producer.send(out).map_err(ProcessError::Kafka)?;
+            self.metrics.reconcile_alerts.with_label_values(&[alert.kind]).inc();
             tracing::info_span!("event", correlation_id = %u.correlation_id, idempotency_key = u.idempotency_key.as_deref())
                 .in_scope(|| {
                     tracing::warn!(
@@ -535,7 +537,6 @@ impl ReconcileTask {
         m.reconcile_longest_wait_seconds
             .with_label_values(&l)
             .set(r.longest_wait_ms as f64 / 1000.0);
-        m.reconcile_alerts.inc_by(r.stuck.len() as u64);
     }
 
     fn publish(&self, r: &ScanReport) {
@@ -547,7 +548,6 @@ impl ReconcileTask {
             .with_label_values(&l)
             .set(r.oldest_age_ms as f64 / 1000.0);
         m.reconcile_failed_events.with_label_values(&l).set(r.failed as i64);
-        m.reconcile_alerts.inc_by(r.alerted);
     }
 }
 
