@@ -1,13 +1,15 @@
 //! `tally inspect`: everything the topics say about one event, found by its idempotency key or
-//! its correlation id: its trace records at every node, its outputs, its dead letters and the
-//! live reconciler's alerts about it, in time order, so an operator can locate where it
-//! stopped (for an event tally never consumed, the alert says where it waits).
+//! its correlation id: its trace records at every node, its outputs, its dead letters, the
+//! live reconciler's alerts about it and its stores' entries, in time order, so an operator
+//! can locate where it stopped (for an event tally never consumed, the alert says where it
+//! waits). An entity key finds the entity's versions and merged state.
 
 use crate::engine::emit::{
     IDEMPOTENCY_KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
 };
 use crate::engine::headers;
 use crate::reconcile::topic::{self, read_to_end};
+use crate::recover::state;
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
 use rdkafka::message::BorrowedMessage;
@@ -23,12 +25,15 @@ pub enum Query {
     Key(String),
     /// A correlation id.
     Correlation(String),
+    /// An entity key, as an `overwrite` or `merge` route's `entity` template renders it: only
+    /// the stores are searched.
+    Entity(String),
 }
 
 /// One record that names the event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Sighting {
-    /// `trace`, `output`, `dead_letter` or `alert`.
+    /// `trace`, `output`, `dead_letter`, `alert` or `state`.
     pub kind: &'static str,
     /// `<topic>/<partition>/<offset>` of the record.
     pub at: String,
@@ -58,14 +63,25 @@ impl Sighting {
 pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
     let properties: Vec<(String, String)> = t.kafka.properties.clone().into_iter().collect();
     let reader = topic::client_config(&t.kafka.bootstrap_servers, &properties)?;
+    if let Query::Entity(entity) = query {
+        let mut found = state::sightings(t, &reader, &[], std::slice::from_ref(entity))?;
+        found.sort_by(|a, b| (a.timestamp_ms, &a.at).cmp(&(b.timestamp_ms, &b.at)));
+        return Ok(found);
+    }
     let mut found = Vec::new();
+    // The idempotency keys the event has: its stores' entries are looked up by them.
+    let mut keys = BTreeSet::new();
+    if let Query::Key(k) = query {
+        keys.insert(k.clone());
+    }
     if let Some(trace) = &t.trace {
         let context = || format!("reading the trace topic `{}`", trace.topic);
         let mut events = BTreeSet::new();
         read_to_end(&reader, &trace.topic, &mut |m| {
-            if let Some((s, event)) = trace_sighting(m, query, None) {
+            if let Some((s, event, key)) = trace_sighting(m, query, None) {
                 found.push(s);
                 events.extend(event);
+                keys.extend(key);
             }
             Ok(())
         })
@@ -76,7 +92,7 @@ pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
         if !events.is_empty() {
             found.clear();
             read_to_end(&reader, &trace.topic, &mut |m| {
-                found.extend(trace_sighting(m, query, Some(&events)).map(|(s, _)| s));
+                found.extend(trace_sighting(m, query, Some(&events)).map(|(s, _, _)| s));
                 Ok(())
             })
             .with_context(context)?;
@@ -134,6 +150,8 @@ pub fn run(t: &Topology, query: &Query) -> Result<Vec<Sighting>> {
             }
         }
     }
+    let keys: Vec<String> = keys.into_iter().collect();
+    found.extend(state::sightings(t, &reader, &keys, &[])?);
     if found.is_empty() && t.trace.is_none() {
         bail!("nothing found, and the topology writes no trace records: only outputs and dead letters were searched");
     }
@@ -146,6 +164,7 @@ fn names(m: &BorrowedMessage<'_>, query: &Query, correlation_header: &str) -> bo
     match query {
         Query::Key(k) => headers::text(m, IDEMPOTENCY_KEY_HEADER) == Some(k.as_str()),
         Query::Correlation(c) => headers::text(m, correlation_header) == Some(c.as_str()),
+        Query::Entity(_) => false,
     }
 }
 
@@ -162,17 +181,18 @@ struct TraceFields {
 }
 
 /// The trace record `m` when it names the event (by the query, or, given `events`, by its
-/// event id), with its event id.
+/// event id), with its event id and idempotency key.
 fn trace_sighting(
     m: &BorrowedMessage<'_>,
     query: &Query,
     events: Option<&BTreeSet<String>>,
-) -> Option<(Sighting, Option<String>)> {
+) -> Option<(Sighting, Option<String>, Option<String>)> {
     let fields: TraceFields = serde_json::from_slice(m.payload()?).ok()?;
     let matches = match (events, query) {
         (Some(events), _) => fields.event_id.as_ref().is_some_and(|e| events.contains(e)),
         (None, Query::Key(k)) => fields.idempotency_key.as_deref() == Some(k.as_str()),
         (None, Query::Correlation(c)) => fields.correlation_id.as_deref() == Some(c.as_str()),
+        (None, Query::Entity(_)) => false,
     };
     if !matches {
         return None;
@@ -194,11 +214,11 @@ fn trace_sighting(
             ", correlation {}",
             fields.correlation_id.as_deref().unwrap_or("?")
         )),
-        Query::Correlation(_) => {
+        Query::Correlation(_) | Query::Entity(_) => {
             detail.push_str(&format!(", key {}", fields.idempotency_key.as_deref().unwrap_or("?")))
         }
     }
-    Some((sighting(m, "trace", detail), fields.event_id))
+    Some((sighting(m, "trace", detail), fields.event_id, fields.idempotency_key))
 }
 
 /// Where an event waits: topic, partition, offset.
@@ -225,6 +245,7 @@ fn alert_sighting(m: &BorrowedMessage<'_>, query: &Query) -> Option<(Sighting, O
     let matches = match query {
         Query::Key(k) => fields.idempotency_key.as_deref() == Some(k.as_str()),
         Query::Correlation(c) => fields.correlation_id.as_deref() == Some(c.as_str()),
+        Query::Entity(_) => false,
     };
     if !matches {
         return None;

@@ -4,3 +4,4 @@ pub mod acknowledge;
 pub mod inspect;
 pub mod redrive;
 pub mod reset;
+pub mod state;
