@@ -58,10 +58,22 @@ impl Shutdown {
     }
 }
 
-/// Runs `topology` as instance `instance_id` until `shutdown` is triggered.
+/// The kind of cluster the engine runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cluster {
+    /// Apache Kafka (or a service speaking its whole protocol): the configurations of the topics
+    /// tally writes are checked at start.
+    Kafka,
+    /// librdkafka's in-process mock cluster (`tally demo`): it answers no DescribeConfigs, so the
+    /// topics' limits and cleanup policies go unchecked and the producer's limit applies.
+    Mock,
+}
+
+/// Runs `topology` as instance `instance_id` on `cluster` until `shutdown` is triggered.
 pub async fn run(
     topology: Arc<Topology>,
     instance_id: &str,
+    cluster: Cluster,
     metrics: Arc<Metrics>,
     health: Arc<health::Health>,
     shutdown: Shutdown,
@@ -77,7 +89,10 @@ pub async fn run(
             // them apart first, so a wrong password stops tally instead of being waited out.
             credentials::probe(&clients::base(&t), "`kafka.properties`", admin::METADATA_TIMEOUT)?;
             admin::prepare_topics(&t, &rt)?;
-            admin::write_limit(&t, &rt)
+            match cluster {
+                Cluster::Kafka => admin::write_limit(&t, &rt),
+                Cluster::Mock => admin::producer_limit(&t),
+            }
         })
         .await
         .context("topic preparation panicked")?;
