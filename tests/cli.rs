@@ -1,4 +1,4 @@
-//! The command line without a broker: validate, describe, help, the mock-cluster demo.
+//! The command line without a broker: validate, describe, help, the mock-cluster demo, logs.
 
 use std::process::Command;
 
@@ -133,4 +133,13 @@ fn the_demo_runs_to_the_end_on_the_mock_cluster() {
         .filter(|n| !n.is_empty())
         .collect();
     assert_eq!(numbers, ["300", "300"], "{report}");
+}
+
+#[test]
+fn text_logs_to_a_pipe_have_no_colour_codes() {
+    // The demo's dead letters log warnings; RUST_LOG lets them (and info lines) through.
+    let (status, _, log) = demo("100", &[("RUST_LOG", "info")]);
+    assert!(status.success(), "{log}");
+    assert!(log.contains(" WARN ") || log.contains(" INFO "), "text log lines:\n{log}");
+    assert!(!log.contains('\x1b'), "escape codes in a piped log:\n{log}");
 }
