@@ -1,6 +1,7 @@
 //! tally on a secured cluster (SASL_SSL, SCRAM-SHA-512, StandardAuthorizer ACLs) that the test
 //! starts itself with `TALLY_KAFKA_SECURE=1 deploy/local/kafka up`: exactly-once as a principal
-//! holding only README.md's ACLs, refusals that name the fix, and no secret in any output.
+//! holding only README.md's ACLs, refusals that name the fix (at start and in the one-shot
+//! commands), and no secret in any output.
 
 mod common;
 
@@ -452,6 +453,47 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
         assert!(out.status.success(), "{args:?}: {}", text(&out));
         outputs.push((format!("tally {}", args[0]), text(&out)));
     }
+    // The one-shot commands check the login before their first request too: a wrong password
+    // fails fast with the fix, rather than as a cluster that never answers.
+    let wrong_env: Vec<(&str, String)> = env
+        .iter()
+        .map(|(k, v)| match *k {
+            "KAFKA_PASSWORD" => (*k, wrong_password.clone()),
+            _ => (*k, v.clone()),
+        })
+        .collect();
+    let one_shots = [
+        vec!["inspect", file.as_str(), "--key", "PAY-1:PAID"],
+        vec!["redrive", file.as_str(), "--dry-run"],
+        vec!["reset", file.as_str()],
+    ];
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = one_shots
+            .iter()
+            .map(|args| {
+                let env = &wrong_env;
+                scope.spawn(move || {
+                    let t0 = Instant::now();
+                    let out = tally(args, env);
+                    (args, out, t0.elapsed())
+                })
+            })
+            .collect();
+        for run in runs {
+            let (args, out, took) = run.join().expect("the command's thread");
+            let said = text(&out);
+            assert!(!out.status.success(), "{args:?} with a wrong password: {said}");
+            assert!(
+                said.contains("rejected the credentials")
+                    && said.contains("`sasl.password`")
+                    && said.contains("`kafka.properties` of"),
+                "{args:?} names the settings to fix: {said}"
+            );
+            assert!(took < Duration::from_secs(15), "{args:?} took {took:?}: {said}");
+            eprintln!("tally {} with a wrong password: {} after {took:?}", args[0], out.status);
+            outputs.push((format!("tally {} (wrong password)", args[0]), said));
+        }
+    });
     let broken = dir.path().join("broken.yaml");
     std::fs::write(
         &broken,
