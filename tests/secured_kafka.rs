@@ -1,7 +1,7 @@
 //! tally on a secured cluster (SASL_SSL, SCRAM-SHA-512, StandardAuthorizer ACLs) that the test
 //! starts itself with `TALLY_KAFKA_SECURE=1 deploy/local/kafka up`: exactly-once as a principal
-//! holding only README.md's ACLs, refusals that name the fix (at start and in the one-shot
-//! commands), and no secret in any output.
+//! holding only README.md's ACLs, refusals that name the fix (at start, in the one-shot
+//! commands, and when an ACL goes while an instance runs), and no secret in any output.
 
 mod common;
 
@@ -601,6 +601,44 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
         "the broker denied the transactional id and nothing else: {denials:#?}"
     );
     outputs.push(("instance i2 (missing ACL)".into(), log));
+
+    // An ACL taken away while an instance runs: its ID-mapping reader, tailing the mappings
+    // topic, is refused and stops the instance with the fix, instead of warning forever.
+    let http = free_address();
+    let mut env = credentials(&password);
+    env.push(("TALLY_HTTP_ADDRESS", http.clone()));
+    let mut tailing = Tally::start_yaml_with(&secured_example, &mapped, dir.path(), "m2", &env);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(&http, "/health/ready").map(|(status, _)| status) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "crm-to-erp never got ready again:\n{}",
+            std::fs::read_to_string(tailing.log()).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster.acls(&[vec![
+        "--remove".to_string(),
+        "--force".to_string(),
+        "--allow-principal".to_string(),
+        "User:tally".to_string(),
+        "--operation".to_string(),
+        "Read".to_string(),
+        "--topic".to_string(),
+        mapped.mappings.clone(),
+    ]]);
+    let status = tailing.exit_within(Duration::from_secs(60));
+    let log = std::fs::read_to_string(tailing.log()).expect("log");
+    let status = status.unwrap_or_else(|| panic!("losing Read on the mappings topic did not stop tally within 60 s:\n{log}"));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("reading the mappings topic `{}`", mapped.mappings))
+            && log.contains("Create, Read, Write, Describe and DescribeConfigs on the ID-mapping topic")
+            && log.contains("restarting it changes nothing until that is done")
+            && !log.contains("a supervisor should restart it"),
+        "names the ACL to grant, and no restart as the cure:\n{log}"
+    );
+    outputs.push(("instance m2 (Read on the mappings topic taken away)".into(), log));
 
     // tally reconcile offline takes the credentials from a file or the environment.
     let properties = dir.path().join("reconcile.properties");

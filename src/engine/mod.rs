@@ -149,7 +149,7 @@ pub async fn run(
         .context("opening the ID-mapping store")?,
         None => GlobalMappings::in_memory().context("creating the (unused) ID-mapping store")?,
     });
-    let global_reader = match &topology.id_mapping {
+    let global_tail = match &topology.id_mapping {
         None => None,
         Some(m) => {
             let (t, topic, g, mx, sd) = (
@@ -159,11 +159,11 @@ pub async fn run(
                 metrics.clone(),
                 shutdown.clone(),
             );
-            let reader = tokio::task::spawn_blocking(move || global::start(&t, &topic, g, mx, sd))
+            let tail = tokio::task::spawn_blocking(move || global::start(&t, &topic, g, mx, sd))
                 .await
                 .context("ID-mapping reader panicked")??;
             health.global_loaded();
-            Some(reader)
+            Some(tail)
         }
     };
     let standbys = Arc::new(standby::Standbys::default());
@@ -180,6 +180,10 @@ pub async fn run(
         shutdown: shutdown.clone(),
     };
     let mut handles = vec![supervisor.spawn("tally-standby".into(), move || standby::run(keeper))?];
+    if let Some(tail) = global_tail {
+        let h = health.clone();
+        handles.push(supervisor.spawn("tally-global".into(), move || tail.run(&h))?);
+    }
     let rejoin = Arc::new(group_watch::RejoinRequests::new(topology.processing.threads));
     let (t, id, r, m, sd) = (
         topology.clone(),
@@ -213,7 +217,6 @@ pub async fn run(
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         handles.push(supervisor.spawn(format!("tally-stream-{index}"), move || stream_thread::run(cfg))?);
     }
-    handles.extend(global_reader);
     tokio::task::spawn_blocking(move || {
         handles.into_iter().for_each(|h| {
             // A panic was reported by the thread's guard; the join only waits for the end.
@@ -222,9 +225,15 @@ pub async fn run(
     })
     .await
     .context("joining stream threads")?;
-    match health.failure() {
-        None => Ok(()),
-        Some(why) => Err(anyhow!("{why}; the instance stopped (a supervisor should restart it)")),
+    match (health.failure(), health.remedy()) {
+        (None, _) => Ok(()),
+        (Some(why), health::Remedy::Restart) => {
+            Err(anyhow!("{why}; the instance stopped (a supervisor should restart it)"))
+        }
+        // A restart meets the same refusal or the same full disk: the reason names the change.
+        (Some(why), health::Remedy::Fix) => Err(anyhow!(
+            "{why}; the instance stopped, and restarting it changes nothing until that is done"
+        )),
     }
 }
 
@@ -270,7 +279,7 @@ impl Drop for ExitGuard {
             return;
         };
         tracing::error!(thread = %self.name, "{why}; stopping the instance");
-        self.health.engine_failed(why);
+        self.health.engine_failed(why, health::Remedy::Restart);
         self.shutdown.trigger();
     }
 }
