@@ -140,6 +140,9 @@ fn text_logs_to_a_pipe_have_no_colour_codes() {
     // The demo's dead letters log warnings; RUST_LOG lets them (and info lines) through.
     let (status, _, log) = demo("100", &[("RUST_LOG", "info")]);
     assert!(status.success(), "{log}");
-    assert!(log.contains(" WARN ") || log.contains(" INFO "), "text log lines:\n{log}");
+    assert!(
+        log.contains(" WARN ") || log.contains(" INFO "),
+        "text log lines:\n{log}"
+    );
     assert!(!log.contains('\x1b'), "escape codes in a piped log:\n{log}");
 }

@@ -629,7 +629,8 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
     ]]);
     let status = tailing.exit_within(Duration::from_secs(60));
     let log = std::fs::read_to_string(tailing.log()).expect("log");
-    let status = status.unwrap_or_else(|| panic!("losing Read on the mappings topic did not stop tally within 60 s:\n{log}"));
+    let status =
+        status.unwrap_or_else(|| panic!("losing Read on the mappings topic did not stop tally within 60 s:\n{log}"));
     assert_eq!(status.code(), Some(1), "{log}");
     assert!(
         log.contains(&format!("reading the mappings topic `{}`", mapped.mappings))

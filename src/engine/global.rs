@@ -236,7 +236,10 @@ fn tail(
             // No retry passes a missing ACL: warning about it forever would hide it.
             Some(Err(e)) if errors::classify(&e) == errors::ErrorClass::Refused => {
                 publish(global, metrics);
-                return Err(EngineError::from_kafka(e, &format!("reading the mappings topic `{topic}`")));
+                return Err(EngineError::from_kafka(
+                    e,
+                    &format!("reading the mappings topic `{topic}`"),
+                ));
             }
             Some(Err(e)) => tracing::warn!(error = %e, "reading the mappings topic"),
         }
