@@ -466,6 +466,15 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
         vec!["inspect", file.as_str(), "--key", "PAY-1:PAID"],
         vec!["redrive", file.as_str(), "--dry-run"],
         vec!["reset", file.as_str()],
+        vec![
+            "reconcile",
+            "ack",
+            file.as_str(),
+            "--event-id",
+            "e-1",
+            "--reason",
+            "test",
+        ],
     ];
     std::thread::scope(|scope| {
         let runs: Vec<_> = one_shots
@@ -490,8 +499,14 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
                 "{args:?} names the settings to fix: {said}"
             );
             assert!(took < Duration::from_secs(15), "{args:?} took {took:?}: {said}");
-            eprintln!("tally {} with a wrong password: {} after {took:?}", args[0], out.status);
-            outputs.push((format!("tally {} (wrong password)", args[0]), said));
+            // `reconcile ack` is two words; the others' second is the file.
+            let command = if args[0] == "reconcile" {
+                args[..2].join(" ")
+            } else {
+                args[0].to_string()
+            };
+            eprintln!("tally {command} with a wrong password: {} after {took:?}", out.status);
+            outputs.push((format!("tally {command} (wrong password)"), said));
         }
     });
     let broken = dir.path().join("broken.yaml");

@@ -149,7 +149,7 @@ pub fn probe(config: &ClientConfig, settings: &str, timeout: Duration) -> Result
 }
 
 /// [`probe`] with a topology's bootstrap servers and `kafka.properties`, for the one-shot
-/// commands (`inspect`, `redrive`, `reset`) before their first request: without it a wrong
+/// commands (`inspect`, `redrive`, `reset`, `reconcile ack`) before their first request: without it a wrong
 /// password reads as a cluster that never answers. `file` is the topology file, for the message.
 pub fn probe_topology(t: &Topology, file: &Path) -> Result<()> {
     probe(
