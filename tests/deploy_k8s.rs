@@ -59,8 +59,8 @@ fn port_of(address: &str) -> u16 {
 /// the pod name, the ConfigMap's topology mounted where `topology_arg` says and valid with the
 /// variables the pod sets (its credentials from the Secret), the state dir on the volume named
 /// `state`, a read-only root as a non-root user, tally's probes on the `http` port (`port`),
-/// and a grace period that covers the last commit.
-fn check_pod(m: &HashMap<String, Value>, pod: &Value, topology_arg: &str, port: u16) {
+/// and a grace period that covers the last commit. Returns the topology.
+fn check_pod(m: &HashMap<String, Value>, pod: &Value, topology_arg: &str, port: u16) -> tally::topology::Topology {
     let c = &pod["containers"][0];
     let env = env_of(c);
     // The instance id is the pod name: unique, and part of the transactional ids.
@@ -128,6 +128,7 @@ fn check_pod(m: &HashMap<String, Value>, pod: &Value, topology_arg: &str, port: 
     // SIGTERM's last commit waits at most 10 s per step (deliveries, offsets, commit, abort).
     let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("a grace period");
     assert!(grace >= 40, "the grace period covers the last commit: {grace}s");
+    topology
 }
 
 /// The container's arguments.
@@ -183,7 +184,11 @@ fn the_statefulset_runs_tally_as_its_comments_say() {
         .position(|a| *a == "--http-address")
         .map(|i| args[i + 1])
         .expect("an HTTP address");
-    check_pod(&m, pod, args[1], port_of(address));
+    let topology = check_pod(&m, pod, args[1], port_of(address));
+    assert!(
+        topology.reconciler_view().is_ok(),
+        "the reconciler runs on its own, not in these pods"
+    );
 
     // A restarted pod finds its stores on its own volume.
     assert_eq!(sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"], "state");
@@ -227,7 +232,20 @@ fn the_reconciler_runs_as_a_deployment_of_its_own() {
     assert_eq!(id, "$(TALLY_INSTANCE_ID)", "the pod name, expanded by Kubernetes");
     let env = env_of(c);
     let address = env["TALLY_HTTP_ADDRESS"]["value"].as_str().expect("an HTTP address");
-    check_pod(&m, pod, args[2], port_of(address));
+    let topology = check_pod(&m, pod, args[2], port_of(address));
+    if let Err(why) = topology.reconciler_view() {
+        panic!("`tally reconcile live` refuses the ConfigMap's topology: {why}");
+    }
+    // The flag and the variable are the command's own.
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["reconcile", "live", "--help"])
+        .output()
+        .expect("tally runs");
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("--instance-id") && help.contains("TALLY_HTTP_ADDRESS"),
+        "{help}"
+    );
 
     // Its stores come back from their changelogs: an emptyDir, no claim, no StatefulSet.
     let state = pod["volumes"]
