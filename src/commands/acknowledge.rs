@@ -1,6 +1,7 @@
 //! `tally reconcile ack`: closes failed or stuck events with a recorded reason.
 
 use crate::config;
+use crate::engine::credentials;
 use crate::recover::acknowledge;
 use anyhow::Result;
 use std::path::PathBuf;
@@ -24,6 +25,7 @@ pub struct AckArgs {
 /// Writes the acknowledgements and says what was done.
 pub fn ack(args: &AckArgs) -> Result<bool> {
     let topology = config::load_file(&args.topology)?;
+    credentials::probe_topology(&topology, &args.topology)?;
     acknowledge::acknowledge(&topology, &args.event_ids, &args.reason, &args.by)?;
     println!(
         "acknowledged {} event(s) by {}; the live reconciler closes them as it reads the trace topic",

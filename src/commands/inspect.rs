@@ -1,6 +1,7 @@
 //! `tally inspect`: where one event went, from the topics, by idempotency key or correlation id.
 
 use crate::config;
+use crate::engine::credentials;
 use crate::recover::inspect::{self, Query};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ pub struct InspectArgs {
 /// Prints every record that names the event, oldest first; true when there was one.
 pub fn inspect(args: &InspectArgs) -> Result<bool> {
     let topology = config::load_file(&args.topology)?;
+    credentials::probe_topology(&topology, &args.topology)?;
     let query = match (&args.key, &args.correlation_id, &args.entity) {
         (Some(k), _, _) => Query::Key(k.clone()),
         (None, Some(c), _) => Query::Correlation(c.clone()),

@@ -71,6 +71,7 @@ fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option
         let result = engine::run(
             topology.clone(),
             instance_id,
+            engine::Cluster::Kafka,
             metrics.clone(),
             health.clone(),
             shutdown.clone(),

@@ -124,18 +124,25 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
 /// librdkafka's default `message.max.bytes`, when `kafka.properties` does not set it.
 const PRODUCER_DEFAULT_MAX_BYTES: usize = 1_000_000;
 
-/// The largest record tally can write, and what sets it: the producer's `message.max.bytes`
-/// or the smallest `max.message.bytes` of the topics tally writes (outputs, dead letters,
-/// trace, alerts, changelogs, repartition and mappings topics). Call after `prepare_topics`.
-/// Fails when a topic that keeps state (a changelog, the mappings topic) is not compacted.
-pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
+/// The largest record the producer sends, and what sets it: `kafka.properties`'
+/// `message.max.bytes` or librdkafka's default. The topics' own limits come on top (see
+/// [`write_limit`]).
+pub fn producer_limit(t: &Topology) -> Result<(usize, String)> {
     let producer = match t.kafka.properties.get("message.max.bytes") {
         Some(v) => v
             .parse::<usize>()
             .with_context(|| format!("`kafka.properties.message.max.bytes` is `{v}`, not a number of bytes"))?,
         None => PRODUCER_DEFAULT_MAX_BYTES,
     };
-    let mut limit = (producer, "the producer's `message.max.bytes`".to_string());
+    Ok((producer, "the producer's `message.max.bytes`".to_string()))
+}
+
+/// The largest record tally can write, and what sets it: the producer's `message.max.bytes`
+/// or the smallest `max.message.bytes` of the topics tally writes (outputs, dead letters,
+/// trace, alerts, changelogs, repartition and mappings topics). Call after `prepare_topics`.
+/// Fails when a topic that keeps state (a changelog, the mappings topic) is not compacted.
+pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
+    let mut limit = producer_limit(t)?;
     let mut topics: Vec<String> = vec![t.dead_letter_topic.clone()];
     for p in &t.pipelines {
         topics.push(p.output.topic.clone());

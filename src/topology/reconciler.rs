@@ -83,6 +83,9 @@ impl Topology {
         view.sources.clear();
         view.pipelines.clear();
         view.id_mapping = None;
+        // Its instances are interchangeable (a Deployment's pods get new names): a static member
+        // that is gone would hold its partitions until the session times out.
+        view.processing.static_membership = false;
         let mut settings = settings.clone();
         settings.run = ReconcileRun::InProcess;
         settings.watch = Some(Watch {
@@ -130,6 +133,7 @@ reconcile: {{ alerts_topic: alerts, run: {run} }}
         assert!(view.pipelines.is_empty());
         assert_eq!(view.reconciled_topic(), Some("trace"));
         assert_eq!(view.consumed_topics(), vec!["trace"]);
+        assert!(!view.processing.static_membership);
         let watch = view.reconcile.as_ref().and_then(|r| r.watch.clone()).expect("watch");
         assert_eq!(watch.group, "pay");
         assert!(watch.from_earliest);
