@@ -107,6 +107,7 @@ mod tests {
             r#"
 application_id: pay
 kafka: {{ bootstrap_servers: "127.0.0.1:9092" }}
+processing: {{ static_membership: true }}
 sources: {{ events: {{ topic: payments.events }} }}
 pipelines:
   - name: payments
@@ -133,7 +134,8 @@ reconcile: {{ alerts_topic: alerts, run: {run} }}
         assert!(view.pipelines.is_empty());
         assert_eq!(view.reconciled_topic(), Some("trace"));
         assert_eq!(view.consumed_topics(), vec!["trace"]);
-        assert!(!view.processing.static_membership);
+        assert!(t.processing.static_membership);
+        assert!(!view.processing.static_membership, "reconciler pods are interchangeable");
         let watch = view.reconcile.as_ref().and_then(|r| r.watch.clone()).expect("watch");
         assert_eq!(watch.group, "pay");
         assert!(watch.from_earliest);
