@@ -3,19 +3,19 @@
 //! every scan interval reports those open longer than the threshold: a gauge, an alert record
 //! on the alerts topic (once per event) and a log line with the correlation id.
 
-use crate::engine::emit::{header, Counts, Emitter, ProcessError};
-use crate::engine::errors::{self, EngineError, ErrorClass};
-use crate::engine::producer::{Outgoing, TxnProducer};
+use crate::engine::emit::{Counts, Emitter, ProcessError};
+use crate::engine::errors::EngineError;
+use crate::engine::producer::TxnProducer;
 use crate::engine::task::Task;
 use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::{Decision, Processed, Reason, Rejection};
-use crate::reconcile::watch::{Unprocessed, WatchReport, Watcher};
+use crate::reconcile::watch::Watcher;
 use crate::store::{codec, TaskStore};
 use crate::topology::ReconcileSettings;
 use crate::trace::{Status, FORMAT};
-use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, OwnedHeaders};
+use alerts::AlertWriter;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -23,8 +23,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Format tag of alert records.
-pub const ALERT_FORMAT: &str = "tally.alert/v1";
 /// Most alert records one scan writes, so a flood (a downstream system down for hours) never
 /// makes one huge transaction; the rest follow at the next scans.
 const ALERTS_PER_SCAN: u64 = 10_000;
@@ -63,34 +61,6 @@ struct TraceIn<'a> {
     node: String,
     status: Status,
     timestamp_ms: i64,
-}
-
-/// The alert record written for a stuck or failed event.
-#[derive(Debug, Serialize)]
-struct Alert<'a> {
-    format: &'static str,
-    kind: &'static str,
-    event_id: &'a str,
-    idempotency_key: Option<&'a str>,
-    correlation_id: &'a str,
-    node: &'a str,
-    status: Status,
-    first_seen_ms: i64,
-    age_ms: i64,
-    threshold_ms: u64,
-    detected_ms: i64,
-}
-
-/// The alert record written for a record tally has not consumed in time.
-#[derive(Debug, Serialize)]
-struct UnprocessedAlert<'a> {
-    format: &'static str,
-    kind: &'static str,
-    #[serde(flatten)]
-    event: &'a Unprocessed,
-    age_ms: i64,
-    threshold_ms: u64,
-    detected_ms: i64,
 }
 
 /// What one scan found.
@@ -396,147 +366,12 @@ impl ReconcileTask {
         Ok(Step { report, stuck })
     }
 
-    /// Writes an alert record and a warning line for each newly stuck event.
-    fn alert(
-        &self,
-        stuck: &[(Vec<u8>, OpenEvent, i64)],
-        now_ms: i64,
-        producer: &mut TxnProducer,
-    ) -> Result<(), ProcessError> {
-        let threshold_ms = self.settings.threshold.as_millis() as u64;
-        for (key, open, age) in stuck {
-            let event_id = String::from_utf8_lossy(key);
-            let kind = match open.status {
-                Status::Failed => "failed_event",
-                _ => "stuck_event",
-            };
-            let alert = Alert {
-                format: ALERT_FORMAT,
-                kind,
-                event_id: &event_id,
-                idempotency_key: open.idempotency_key.as_deref(),
-                correlation_id: &open.correlation_id,
-                node: &open.node,
-                status: open.status,
-                first_seen_ms: open.first_seen_ms,
-                age_ms: *age,
-                threshold_ms,
-                detected_ms: now_ms,
-            };
-            let payload = serde_json::to_vec(&alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
-            let out = Outgoing {
-                topic: &self.settings.alerts_topic,
-                partition: None,
-                key: Some(key),
-                payload: Some(&payload),
-                headers: OwnedHeaders::new().insert(header("correlation_id", &open.correlation_id)),
-            };
-            producer.send(out).map_err(ProcessError::Kafka)?;
-            self.metrics.reconcile_alerts.with_label_values(&[kind]).inc();
-            tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
-                .in_scope(|| match open.status {
-                    Status::Failed => tracing::warn!(
-                        event_id = %event_id,
-                        node = %open.node,
-                        "event failed (dead-lettered); it stays open until `tally redrive` sends it again or \
-                         `tally reconcile ack` records why it may stay failed"
-                    ),
-                    _ => tracing::warn!(
-                        event_id = %event_id,
-                        node = %open.node,
-                        age_s = age / 1000,
-                        "event received but not completed after the threshold"
-                    ),
-                });
+    fn alerts(&self) -> AlertWriter<'_> {
+        AlertWriter {
+            topic: &self.settings.alerts_topic,
+            threshold_ms: self.settings.threshold.as_millis() as u64,
+            metrics: &self.metrics,
         }
-        Ok(())
-    }
-
-    /// Scans the watched inputs (separately run reconciler only) and alerts on what is stuck
-    /// there; true when it wrote alerts or watch positions. A cluster that does not answer
-    /// skips this scan's watch, logged once per scan interval.
-    fn watch(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
-        let Some(watcher) = &mut self.watcher else {
-            return Ok(false);
-        };
-        let report = match watcher.scan(&mut self.store, now_ms, ALERTS_PER_SCAN as usize) {
-            Ok(report) => report,
-            Err(e) if refused(&e) => {
-                return Err(ProcessError::Engine(EngineError::Refused(e.context(
-                    "the reconciler watching tally's inputs: the Kafka cluster refused this principal; grant it Read \
-                     and Describe on tally's source and repartition topics and Describe on group `<application_id>` \
-                     (README.md, \"Secured clusters\"), then start it again",
-                ))))
-            }
-            Err(e) if !errors::worth_waiting(&e) && !is_kafka(&e) => return Err(fatal(e)),
-            Err(e) => {
-                if self
-                    .watch_failed
-                    .is_none_or(|t| t.elapsed() >= self.settings.scan_interval)
-                {
-                    tracing::warn!(task = %self.label, error = %format!("{e:#}"), "cannot watch tally's inputs this scan; trying again at the next");
-                    self.watch_failed = Some(Instant::now());
-                }
-                return Ok(false);
-            }
-        };
-        self.alert_unprocessed(&report, now_ms, producer)?;
-        self.publish_watch(&report);
-        Ok(!report.stuck.is_empty() || report.changed)
-    }
-
-    /// Writes an alert record and a warning line for each record tally has not consumed in time.
-    fn alert_unprocessed(
-        &self,
-        report: &WatchReport,
-        now_ms: i64,
-        producer: &mut TxnProducer,
-    ) -> Result<(), ProcessError> {
-        let threshold_ms = self.settings.threshold.as_millis() as u64;
-        for u in &report.stuck {
-            let alert = UnprocessedAlert {
-                format: ALERT_FORMAT,
-                kind: "unprocessed_event",
-                event: u,
-                age_ms: now_ms - u.appended_ms,
-                threshold_ms,
-                detected_ms: now_ms,
-            };
-            let payload = serde_json::to_vec(&alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
-            let out = Outgoing {
-                topic: &self.settings.alerts_topic,
-                partition: None,
-                key: Some(u.event_id.as_bytes()),
-                payload: Some(&payload),
-                headers: OwnedHeaders::new().insert(header("correlation_id", &u.correlation_id)),
-            };
-            producer.send(out).map_err(ProcessError::Kafka)?;
-            self.metrics.reconcile_alerts.with_label_values(&[alert.kind]).inc();
-            tracing::info_span!("event", correlation_id = %u.correlation_id, idempotency_key = u.idempotency_key.as_deref())
-                .in_scope(|| {
-                    tracing::warn!(
-                        event_id = %u.event_id,
-                        node = %u.node,
-                        topic = %u.topic,
-                        partition = u.partition,
-                        offset = u.offset,
-                        age_s = (now_ms - u.appended_ms) / 1000,
-                        "event appended but not consumed by tally after the threshold"
-                    )
-                });
-        }
-        Ok(())
-    }
-
-    fn publish_watch(&self, r: &WatchReport) {
-        let m = &self.metrics;
-        let l = [self.label.as_str()];
-        m.reconcile_unconsumed_records
-            .with_label_values(&l)
-            .set(r.unconsumed as i64);
-        m.reconcile_longest_wait_seconds
-            .with_label_values(&l)
-            .set(r.longest_wait_ms as f64 / 1000.0);
     }
 
     fn publish(&self, r: &ScanReport) {
@@ -572,19 +407,7 @@ fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn<'_>>, Rejection> {
     ))
 }
 
-/// True when the cluster refused the principal somewhere in `e`'s chain.
-fn refused(e: &anyhow::Error) -> bool {
-    e.chain()
-        .filter_map(|c| c.downcast_ref::<KafkaError>())
-        .any(|k| errors::classify(k) == ErrorClass::Refused)
-}
-
-/// True when `e` comes from a Kafka call (a store failure does not).
-fn is_kafka(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<KafkaError>().is_some())
-}
-
-fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
+pub(super) fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
     ProcessError::Engine(EngineError::Fatal(e.into().context("live reconciler store")))
 }
 
@@ -660,7 +483,10 @@ impl Task for ReconcileTask {
             wrote = self.watch(now_ms, producer)?;
         }
         let step = self.scan_step(self.clock_ms(now_ms), SCAN_BATCH)?;
-        self.alert(&step.stuck, now_ms, producer)?;
+        let writer = self.alerts();
+        for (key, open, age) in &step.stuck {
+            writer.stuck(key, open, *age, now_ms, producer)?;
+        }
         if let Some(report) = step.report {
             self.publish(&report);
             self.last_scan = Some(Instant::now());
@@ -697,5 +523,7 @@ impl Drop for ReconcileTask {
     }
 }
 
+mod alerts;
 #[cfg(test)]
 mod tests;
+mod watching;

@@ -276,25 +276,11 @@ impl Watcher {
 
     /// The alert's view of a stuck record.
     fn describe(&self, ctx: &PartitionScan<'_>, r: ReadRecord, appended_ms: i64, waiting_since_ms: i64) -> Unprocessed {
-        let pipeline = &ctx.watched.pipeline;
-        let doc = r
-            .payload
-            .as_deref()
-            .filter(|p| p.len() <= MAX_PARSED_BYTES)
-            .and_then(|p| serde_json::from_slice::<Map<String, Value>>(p).ok());
-        let key = doc
-            .as_ref()
-            .and_then(|d| pipeline.key.render_key(d).ok())
-            .map(|k| k.text);
-        let coordinates = format!("{}/{}/{}", ctx.watched.topic, ctx.partition, r.offset);
-        let event_id = r.source.clone().unwrap_or_else(|| coordinates.clone());
-        let seed = key.clone().unwrap_or_else(|| event_id.clone());
-        let correlation_id = correlation::resolve(&pipeline.correlation, r.correlation.as_deref(), doc.as_ref(), &seed);
         Unprocessed {
-            event_id,
-            idempotency_key: key,
-            correlation_id,
-            node: format!("{}/{}", self.application_id, pipeline.name),
+            event_id: r.event_id,
+            idempotency_key: r.idempotency_key,
+            correlation_id: r.correlation_id,
+            node: format!("{}/{}", self.application_id, ctx.watched.pipeline.name),
             topic: ctx.watched.topic.clone(),
             partition: ctx.partition,
             offset: r.offset,
@@ -328,15 +314,15 @@ struct PartitionScan<'a> {
     now_ms: i64,
 }
 
-/// A record read for the watch.
+/// A record read for the watch: what an alert says of it, not its bytes (a scan may read
+/// thousands of large records).
 struct ReadRecord {
     offset: i64,
     timestamp_ms: Option<i64>,
-    payload: Option<Vec<u8>>,
-    /// The correlation header's value.
-    correlation: Option<String>,
-    /// The source event id a repartition record carries.
-    source: Option<String>,
+    /// Its coordinates, or the source event's a repartition record carries.
+    event_id: String,
+    idempotency_key: Option<String>,
+    correlation_id: String,
 }
 
 fn load(store: &TaskStore, key: &[u8]) -> Result<WatchState> {
@@ -388,13 +374,6 @@ fn committed(consumer: &BaseConsumer, topic: &str, partitions: &[i32]) -> Result
 /// Up to `max` committed records of the scanned partition from `from`, fewer at its end.
 fn read(consumer: &BaseConsumer, ctx: &PartitionScan<'_>, from: i64, max: usize) -> Result<Vec<ReadRecord>> {
     let (topic, partition) = (ctx.watched.topic.as_str(), ctx.partition);
-    let correlation_header = ctx
-        .watched
-        .pipeline
-        .correlation
-        .header
-        .as_deref()
-        .unwrap_or("correlation_id");
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(from))
         .context("watch position")?;
@@ -405,7 +384,7 @@ fn read(consumer: &BaseConsumer, ctx: &PartitionScan<'_>, from: i64, max: usize)
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             Some(Ok(m)) if m.topic() == topic && m.partition() == partition && m.offset() >= from => {
-                records.push(ReadRecord::of(&m, correlation_header, ctx.watched.repartitioned));
+                records.push(ReadRecord::of(&m, ctx.watched));
             }
             Some(Ok(_)) => {}
             Some(Err(KafkaError::PartitionEOF(p))) if p == partition => break,
@@ -416,24 +395,41 @@ fn read(consumer: &BaseConsumer, ctx: &PartitionScan<'_>, from: i64, max: usize)
 }
 
 impl ReadRecord {
-    /// The record `m`; `repartitioned` when its `tally.source.*` headers are tally's own (on a
-    /// source topic they are anyone's to set, and must not spoof an alert's event id).
-    fn of(m: &BorrowedMessage<'_>, correlation_header: &str, repartitioned: bool) -> Self {
-        let text = |name: &str| headers::text(m, name).map(str::to_string);
+    /// The record `m` of `watched`. Its `tally.source.*` headers name the event only on a
+    /// repartition topic, where tally wrote them: on a source topic they are anyone's to set.
+    fn of(m: &BorrowedMessage<'_>, watched: &WatchedTopic) -> Self {
+        let pipeline = &watched.pipeline;
+        let text = |name: &str| headers::text(m, name);
         let source = match (
             text(SOURCE_TOPIC_HEADER),
             text(SOURCE_PARTITION_HEADER),
             text(SOURCE_OFFSET_HEADER),
         ) {
-            (Some(t), Some(p), Some(o)) if repartitioned => Some(format!("{t}/{p}/{o}")),
+            (Some(t), Some(p), Some(o)) if watched.repartitioned => Some(format!("{t}/{p}/{o}")),
             _ => None,
         };
+        let event_id = source.unwrap_or_else(|| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()));
+        let doc = m
+            .payload()
+            .filter(|p| p.len() <= MAX_PARSED_BYTES)
+            .and_then(|p| serde_json::from_slice::<Map<String, Value>>(p).ok());
+        let idempotency_key = doc
+            .as_ref()
+            .and_then(|d| pipeline.key.render_key(d).ok())
+            .map(|k| k.text);
+        let seed = idempotency_key.as_deref().unwrap_or(&event_id);
+        let correlation_id = correlation::resolve(
+            &pipeline.correlation,
+            text(pipeline.correlation_header()),
+            doc.as_ref(),
+            seed,
+        );
         Self {
             offset: m.offset(),
             timestamp_ms: m.timestamp().to_millis(),
-            payload: m.payload().map(<[u8]>::to_vec),
-            correlation: text(correlation_header),
-            source,
+            event_id,
+            idempotency_key,
+            correlation_id,
         }
     }
 }

@@ -135,7 +135,10 @@ reconcile: {{ alerts_topic: alerts, run: {run} }}
         assert_eq!(view.reconciled_topic(), Some("trace"));
         assert_eq!(view.consumed_topics(), vec!["trace"]);
         assert!(t.processing.static_membership);
-        assert!(!view.processing.static_membership, "reconciler pods are interchangeable");
+        assert!(
+            !view.processing.static_membership,
+            "reconciler pods are interchangeable"
+        );
         let watch = view.reconcile.as_ref().and_then(|r| r.watch.clone()).expect("watch");
         assert_eq!(watch.group, "pay");
         assert!(watch.from_earliest);

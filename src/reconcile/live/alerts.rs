@@ -1,0 +1,148 @@
+//! The live reconciler's alert records (`tally.alert/v1` JSON on the alerts topic, keyed by
+//! event id) and the warning line that goes with each.
+
+use super::{fatal, OpenEvent};
+use crate::engine::emit::{header, ProcessError};
+use crate::engine::producer::{Outgoing, TxnProducer};
+use crate::metrics::Metrics;
+use crate::reconcile::watch::Unprocessed;
+use crate::trace::Status;
+use rdkafka::message::OwnedHeaders;
+use serde::Serialize;
+
+/// Format tag of alert records.
+pub const ALERT_FORMAT: &str = "tally.alert/v1";
+
+/// The alert record of a stuck or failed event on the trace topic.
+#[derive(Debug, Serialize)]
+struct TraceAlert<'a> {
+    format: &'static str,
+    kind: &'static str,
+    event_id: &'a str,
+    idempotency_key: Option<&'a str>,
+    correlation_id: &'a str,
+    node: &'a str,
+    status: Status,
+    first_seen_ms: i64,
+    age_ms: i64,
+    threshold_ms: u64,
+    detected_ms: i64,
+}
+
+/// The alert record of a record tally has not consumed in time.
+#[derive(Debug, Serialize)]
+struct UnprocessedAlert<'a> {
+    format: &'static str,
+    kind: &'static str,
+    #[serde(flatten)]
+    event: &'a Unprocessed,
+    age_ms: i64,
+    threshold_ms: u64,
+    detected_ms: i64,
+}
+
+/// Writes alerts into a task's open transaction.
+pub(super) struct AlertWriter<'a> {
+    /// The alerts topic.
+    pub topic: &'a str,
+    /// The reconciler's threshold, quoted in every alert.
+    pub threshold_ms: u64,
+    /// Where `tally_reconcile_alerts_total` is counted.
+    pub metrics: &'a Metrics,
+}
+
+impl AlertWriter<'_> {
+    /// An open event on the trace topic past the threshold, or a failed one: `age_ms` old.
+    pub fn stuck(
+        &self,
+        key: &[u8],
+        open: &OpenEvent,
+        age_ms: i64,
+        now_ms: i64,
+        producer: &mut TxnProducer,
+    ) -> Result<(), ProcessError> {
+        let event_id = String::from_utf8_lossy(key);
+        let kind = match open.status {
+            Status::Failed => "failed_event",
+            _ => "stuck_event",
+        };
+        let alert = TraceAlert {
+            format: ALERT_FORMAT,
+            kind,
+            event_id: &event_id,
+            idempotency_key: open.idempotency_key.as_deref(),
+            correlation_id: &open.correlation_id,
+            node: &open.node,
+            status: open.status,
+            first_seen_ms: open.first_seen_ms,
+            age_ms,
+            threshold_ms: self.threshold_ms,
+            detected_ms: now_ms,
+        };
+        self.send(key, &open.correlation_id, kind, &alert, producer)?;
+        tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
+            .in_scope(|| match open.status {
+                Status::Failed => tracing::warn!(
+                    event_id = %event_id,
+                    node = %open.node,
+                    "event failed (dead-lettered); it stays open until `tally redrive` sends it again or \
+                     `tally reconcile ack` records why it may stay failed"
+                ),
+                _ => tracing::warn!(
+                    event_id = %event_id,
+                    node = %open.node,
+                    age_s = age_ms / 1000,
+                    "event received but not completed after the threshold"
+                ),
+            });
+        Ok(())
+    }
+
+    /// A record of tally's inputs not consumed in time (the separately run reconciler's watch).
+    pub fn unprocessed(&self, u: &Unprocessed, now_ms: i64, producer: &mut TxnProducer) -> Result<(), ProcessError> {
+        let kind = "unprocessed_event";
+        let alert = UnprocessedAlert {
+            format: ALERT_FORMAT,
+            kind,
+            event: u,
+            age_ms: now_ms - u.appended_ms,
+            threshold_ms: self.threshold_ms,
+            detected_ms: now_ms,
+        };
+        self.send(u.event_id.as_bytes(), &u.correlation_id, kind, &alert, producer)?;
+        tracing::info_span!("event", correlation_id = %u.correlation_id, idempotency_key = u.idempotency_key.as_deref())
+            .in_scope(|| {
+                tracing::warn!(
+                    event_id = %u.event_id,
+                    node = %u.node,
+                    topic = %u.topic,
+                    partition = u.partition,
+                    offset = u.offset,
+                    age_s = (now_ms - u.appended_ms) / 1000,
+                    "event appended but not consumed by tally after the threshold"
+                )
+            });
+        Ok(())
+    }
+
+    fn send(
+        &self,
+        key: &[u8],
+        correlation_id: &str,
+        kind: &'static str,
+        alert: &impl Serialize,
+        producer: &mut TxnProducer,
+    ) -> Result<(), ProcessError> {
+        let payload = serde_json::to_vec(alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
+        let out = Outgoing {
+            topic: self.topic,
+            partition: None,
+            key: Some(key),
+            payload: Some(&payload),
+            headers: OwnedHeaders::new().insert(header("correlation_id", correlation_id)),
+        };
+        producer.send(out).map_err(ProcessError::Kafka)?;
+        self.metrics.reconcile_alerts.with_label_values(&[kind]).inc();
+        Ok(())
+    }
+}
