@@ -190,56 +190,19 @@ impl Ledger {
         })
     }
 
-    /// Counts one sending of `key`.
-    pub fn sent(&mut self, key: &[u8]) -> Result<()> {
-        self.add(
-            key,
-            Counts {
-                sent: 1,
-                ..Counts::default()
-            },
-        )
-    }
-
-    /// Counts one processing of `key`.
-    pub fn processed(&mut self, key: &[u8]) -> Result<()> {
-        self.add(
-            key,
-            Counts {
-                processed: 1,
-                ..Counts::default()
-            },
-        )
-    }
-
-    /// Counts one settling of `key` without an output.
-    pub fn settled(&mut self, key: &[u8], how: Settlement) -> Result<()> {
-        let counts = match how {
-            Settlement::Dropped => Counts {
-                dropped: 1,
-                ..Counts::default()
-            },
-            Settlement::DeadLettered => Counts {
-                dead_lettered: 1,
-                ..Counts::default()
-            },
-        };
-        self.add(key, counts)
-    }
-
-    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
-        self.batch.merge(key, counts.encode());
-        if self.batch.len() >= BATCH_OPS {
-            self.flush()?;
+    /// A handle on the database that threads share, each writing through a [`Writer`] of its
+    /// own.
+    pub fn shared(&self) -> Shared<'_> {
+        Shared {
+            db: &self.db,
+            write: &self.write,
+            dir: self.dir.path(),
         }
-        Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
-        self.db
-            .write_opt(batch, &self.write)
-            .with_context(|| format!("cannot write to the work database in `{}`", self.dir.path().display()))
+        self.shared().write(batch)
     }
 
     /// Hands every key with its counts to `each`, in byte order of the keys.
@@ -255,6 +218,108 @@ impl Ledger {
             it.next();
         }
         it.status().context("cannot read the work database")
+    }
+}
+
+/// Count updates, written in batches of `BATCH_OPS` through the ledger itself or a [`Writer`].
+pub trait Counter {
+    /// Adds `counts` to `key`'s.
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()>;
+
+    /// Counts one sending of `key`.
+    fn sent(&mut self, key: &[u8]) -> Result<()> {
+        self.add(
+            key,
+            Counts {
+                sent: 1,
+                ..Counts::default()
+            },
+        )
+    }
+
+    /// Counts one processing of `key`.
+    fn processed(&mut self, key: &[u8]) -> Result<()> {
+        self.add(
+            key,
+            Counts {
+                processed: 1,
+                ..Counts::default()
+            },
+        )
+    }
+
+    /// Counts one settling of `key` without an output.
+    fn settled(&mut self, key: &[u8], how: Settlement) -> Result<()> {
+        let counts = match how {
+            Settlement::Dropped => Counts {
+                dropped: 1,
+                ..Counts::default()
+            },
+            Settlement::DeadLettered => Counts {
+                dead_lettered: 1,
+                ..Counts::default()
+            },
+        };
+        self.add(key, counts)
+    }
+}
+
+impl Counter for Ledger {
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
+        self.batch.merge(key, counts.encode());
+        if self.batch.len() >= BATCH_OPS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// The ledger's database, shared by threads that count into it at the same time.
+#[derive(Clone, Copy)]
+pub struct Shared<'a> {
+    db: &'a DB,
+    write: &'a WriteOptions,
+    dir: &'a Path,
+}
+
+impl<'a> Shared<'a> {
+    /// A writer with a batch of its own.
+    pub fn writer(self) -> Writer<'a> {
+        Writer {
+            shared: self,
+            batch: WriteBatch::default(),
+        }
+    }
+
+    fn write(self, batch: WriteBatch) -> Result<()> {
+        self.db
+            .write_opt(batch, self.write)
+            .with_context(|| format!("cannot write to the work database in `{}`", self.dir.display()))
+    }
+}
+
+/// One thread's count updates.
+pub struct Writer<'a> {
+    shared: Shared<'a>,
+    batch: WriteBatch,
+}
+
+impl Writer<'_> {
+    /// Writes the updates not written yet; a writer dropped without this loses them.
+    pub fn finish(mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.shared.write(batch)
+    }
+}
+
+impl Counter for Writer<'_> {
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
+        self.batch.merge(key, counts.encode());
+        if self.batch.len() >= BATCH_OPS {
+            let batch = std::mem::take(&mut self.batch);
+            self.shared.write(batch)?;
+        }
+        Ok(())
     }
 }
 
