@@ -121,7 +121,7 @@ pub fn run(opts: &Options) -> Result<Findings> {
     let report_file = opts.report.as_ref().map(|(p, f)| (p.as_path(), *f));
     let mut report = Report::new(report_file, opts.examples)?;
     read_sent(opts, &mut ledger, &mut report)?;
-    read_processed(opts, &mut ledger, &mut report)?;
+    read_processed(opts, &ledger, &mut report)?;
     let progress = Progress::start("comparing", "keys", opts.progress);
     ledger.scan(&mut |key, counts| {
         progress.inc();
@@ -162,7 +162,14 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
         SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_key, window, &mut |entry| {
             progress.inc();
             match entry {
-                Entry::Key(key) => count(Keyed::Key(key.into()), Side::Sent, ledger, &mut read, &report, String::new),
+                Entry::Key(key) => count(
+                    Keyed::Key(key.into()),
+                    Side::Sent,
+                    ledger,
+                    &mut read,
+                    &report,
+                    String::new,
+                ),
                 Entry::Outside => {
                     read.outside_window += 1;
                     Ok(())
@@ -191,7 +198,7 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
 
 /// Reads the processed topic with a reader per partition, up to `PROCESSED_READERS`, each
 /// counting into the ledger through a writer of its own.
-fn read_processed(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
+fn read_processed(opts: &Options, ledger: &Ledger, report: &mut Report) -> Result<()> {
     let progress = Progress::start("reading processed keys", "records", opts.progress);
     let window = opts.window.as_ref();
     let shared = ledger.shared();

@@ -33,10 +33,7 @@ const RESERVED: &[&str] = &[
 /// with 10 ms; docs/reconciliation.md). Each reader of a topic read in parallel has a queue of
 /// its own: 4 MiB instead of librdkafka's 64 MiB read as fast, at 232 MB peak RSS instead of
 /// 312 MB with 16 MiB (three readers).
-const DEFAULTS: &[(&str, &str)] = &[
-    ("fetch.queue.backoff.ms", "10"),
-    ("queued.max.messages.kbytes", "4096"),
-];
+const DEFAULTS: &[(&str, &str)] = &[("fetch.queue.backoff.ms", "10"), ("queued.max.messages.kbytes", "4096")];
 
 /// The client configuration for `bootstrap` with the user's extra librdkafka `properties`
 /// (TLS, SASL, …).
