@@ -429,4 +429,47 @@ mod tests {
         drop(ledger);
         assert!(!path.exists());
     }
+
+    #[test]
+    fn writers_on_several_threads_add_to_the_same_counts() {
+        let mut ledger = Ledger::create(None).expect("ledger");
+        ledger.sent(b"k000").expect("sent");
+        let shared = ledger.shared();
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(move || {
+                    let mut writer = shared.writer();
+                    for i in 0..BATCH_OPS + 5 {
+                        writer
+                            .processed(format!("k{:03}", i % 100).as_bytes())
+                            .expect("processed");
+                    }
+                    writer.finish().expect("finish");
+                });
+            }
+        });
+        let got = scan(&mut ledger);
+        assert_eq!(got.len(), 100);
+        let processed: u64 = got.iter().map(|(_, c)| c.processed).sum();
+        assert_eq!(processed, 3 * (BATCH_OPS as u64 + 5));
+        assert_eq!(got[0].1.sent, 1);
+    }
+
+    #[test]
+    fn counts_survive_their_encoding_at_any_size() {
+        for n in [0, 1, 127, 128, 300, u64::from(u32::MAX) + 1, u64::MAX] {
+            let c = Counts {
+                sent: n,
+                processed: 1,
+                dropped: n / 3,
+                dead_lettered: u64::MAX - n,
+            };
+            assert_eq!(Counts::decode(c.encode().as_ref()), c, "{n}");
+        }
+        let one = Counts {
+            sent: 1,
+            ..Counts::default()
+        };
+        assert_eq!(one.encode().as_ref(), [1, 0, 0, 0]);
+    }
 }
