@@ -66,7 +66,8 @@ enum Command {
     /// Show every trace record, output and dead letter of one event, by idempotency key or
     /// correlation id, oldest first: where it went and where it stopped. Exit 2 when none.
     Inspect(commands::inspect::InspectArgs),
-    /// Compare what upstream says it sent with what tally processed.
+    /// Reconcile: live, as its own deployment, or offline, what upstream says it sent against
+    /// what tally processed.
     Reconcile {
         // Boxed: the offline arguments would make every command's value as large as theirs.
         #[command(subcommand)]
@@ -76,9 +77,26 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Reconcile {
+    /// Run the live reconciler of a topology with `reconcile.run: separately` as its own
+    /// application (group `<application_id>-reconcile`): alerts on events on the trace topic
+    /// open past the threshold and on records of tally's inputs that tally has not consumed
+    /// while their partition stood still for the threshold, until SIGTERM or Ctrl-C.
+    Live {
+        /// The topology YAML file (the same as tally's instances run).
+        topology: PathBuf,
+        /// Stable id of this reconciler instance; part of its transactional id.
+        #[arg(long, env = "TALLY_INSTANCE_ID")]
+        instance_id: Option<String>,
+        /// Serve /metrics, /health/live and /health/ready on this address.
+        #[arg(long, env = "TALLY_HTTP_ADDRESS")]
+        http_address: Option<std::net::SocketAddr>,
+    },
+    /// Close failed (dead-lettered) or stuck events that will not be redriven, with a reason
+    /// that is recorded on the trace topic next to the event's other records.
+    Ack(commands::acknowledge::AckArgs),
     /// Report missing, ghost and duplicate keys between a sent file or topic and a processed
     /// topic; exit 0 when nothing is missing, 1 when it fails, 2 when it cannot run.
-    Offline(commands::reconcile::OfflineArgs),
+    Offline(Box<commands::reconcile::OfflineArgs>),
 }
 
 fn main() -> ExitCode {
@@ -94,6 +112,15 @@ fn main() -> ExitCode {
         // Its own exit codes: 1 means anomalies, 2 that it could not run.
         Command::Reconcile { mode } => match *mode {
             Reconcile::Offline(args) => return commands::reconcile::offline(&args),
+            Reconcile::Ack(args) => commands::acknowledge::ack(&args),
+            Reconcile::Live {
+                topology,
+                instance_id,
+                http_address,
+            } => {
+                let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
+                commands::run::reconcile_live(&topology, &id, http_address).map(|()| true)
+            }
         },
         Command::Run {
             topology,

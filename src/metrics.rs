@@ -74,8 +74,15 @@ pub struct Metrics {
     pub reconcile_stuck_events: IntGaugeVec,
     /// Age of the oldest open event at the last scan, per reconciler task.
     pub reconcile_oldest_open_age_seconds: GaugeVec,
-    /// Alert records written for stuck events.
-    pub reconcile_alerts: IntCounter,
+    /// Alert records written, per kind (`stuck_event`, `failed_event`, `unprocessed_event`).
+    pub reconcile_alerts: IntCounterVec,
+    /// Failed (dead-lettered) events neither redriven nor acknowledged, per reconciler task.
+    pub reconcile_failed_events: IntGaugeVec,
+    /// Records appended to tally's inputs beyond its group's committed offsets, per reconciler
+    /// task (the separately run reconciler's watch).
+    pub reconcile_unconsumed_records: IntGaugeVec,
+    /// The longest a watched partition has waited at one unconsumed record, per reconciler task.
+    pub reconcile_longest_wait_seconds: GaugeVec,
 }
 
 /// Totals for a run summary.
@@ -237,7 +244,29 @@ impl Metrics {
             &["task"],
         )?;
         registry.register(Box::new(reconcile_oldest_open_age_seconds.clone()))?;
-        let reconcile_alerts = counter("reconcile_alerts_total", "Alert records written for stuck events")?;
+        let reconcile_alerts = counter_vec(
+            "reconcile_alerts_total",
+            "Alert records written by the live reconciler, per kind",
+            &["kind"],
+        )?;
+        let reconcile_failed_events = gauge_vec(
+            "reconcile_failed_events",
+            "Failed (dead-lettered) events neither redriven nor acknowledged at the last reconciler scan",
+            &["task"],
+        )?;
+        let reconcile_unconsumed_records = gauge_vec(
+            "reconcile_unconsumed_records",
+            "Records appended to tally's inputs beyond its group's committed offsets at the last watch",
+            &["task"],
+        )?;
+        let reconcile_longest_wait_seconds = GaugeVec::new(
+            Opts::new(
+                "reconcile_longest_wait_seconds",
+                "Longest time a watched input partition has waited at one unconsumed record",
+            ),
+            &["task"],
+        )?;
+        registry.register(Box::new(reconcile_longest_wait_seconds.clone()))?;
         let standby_tasks = IntGauge::new("standby_tasks", "Standby task stores held by this instance")?;
         registry.register(Box::new(standby_tasks.clone()))?;
         Ok(Self {
@@ -270,6 +299,9 @@ impl Metrics {
             standby_records,
             reconcile_open_events,
             reconcile_stuck_events,
+            reconcile_unconsumed_records,
+            reconcile_longest_wait_seconds,
+            reconcile_failed_events,
             reconcile_oldest_open_age_seconds,
             reconcile_alerts,
         })

@@ -1,4 +1,4 @@
-//! The command line without a broker: validate, describe, help.
+//! The command line without a broker: validate, describe, help, the mock-cluster demo, logs.
 
 use std::process::Command;
 
@@ -99,4 +99,50 @@ fn help_lists_the_commands() {
     for cmd in ["run", "validate", "describe", "demo", "reconcile"] {
         assert!(text.contains(cmd), "{text}");
     }
+}
+
+/// `tally demo` with `env`, stderr piped; its exit status, report and log.
+fn demo(events: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["demo", "--events", events])
+        .envs(env.iter().copied())
+        .output()
+        .expect("run tally demo");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_demo_runs_to_the_end_on_the_mock_cluster() {
+    let (status, report, log) = demo("300", &[]);
+    assert!(status.success(), "{status}\n{report}\n{log}");
+    assert!(
+        report.contains("in = out + duplicates + stale + dead-letter: yes"),
+        "{report}"
+    );
+    // Every distinct event comes out once: `out  N  (expected N)`.
+    let out_line = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("out "))
+        .unwrap_or_else(|| panic!("no `out` line:\n{report}"));
+    let numbers: Vec<&str> = out_line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|n| !n.is_empty())
+        .collect();
+    assert_eq!(numbers, ["300", "300"], "{report}");
+}
+
+#[test]
+fn text_logs_to_a_pipe_have_no_colour_codes() {
+    // The demo's dead letters log warnings; RUST_LOG lets them (and info lines) through.
+    let (status, _, log) = demo("100", &[("RUST_LOG", "info")]);
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains(" WARN ") || log.contains(" INFO "),
+        "text log lines:\n{log}"
+    );
+    assert!(!log.contains('\x1b'), "escape codes in a piped log:\n{log}");
 }

@@ -95,6 +95,18 @@ trace: {{ topic: {trace}, level: all }}
         "the repartition node's records too: {text}"
     );
     assert!(!text.contains("P-2"), "nothing of other events: {text}");
+    let state: Vec<&&str> = lines.iter().filter(|l| l.contains(" state ")).collect();
+    assert_eq!(state.len(), 1, "the dedup store's entry: {text}");
+    assert!(
+        state[0].contains("store payments-dedup, key P-1:PAID: first seen 20"),
+        "{text}"
+    );
+    let (code, text) = inspect(&topology, &["--correlation-id", "corr-1"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("store payments-dedup, key P-1:PAID: first seen"),
+        "found through the key its trace records carry: {text}"
+    );
 
     let (code, text) = inspect(&topology, &["--correlation-id", "corr-3", "--json"]);
     assert_eq!(code, Some(0), "{text}");
@@ -119,4 +131,65 @@ trace: {{ topic: {trace}, level: all }}
 
     let (code, text) = inspect(&topology, &["--key", "P-404:PAID"]);
     assert_eq!(code, Some(2), "nothing found is exit 2: {text}");
+}
+
+#[test]
+fn an_entity_is_inspected_by_its_key_even_with_a_colon_inside_a_field() {
+    let names = Names::new("inspect-entity");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        r#"
+application_id: {app}
+kafka: {{ bootstrap_servers: "{bootstrap}" }}
+processing: {{ commit_interval_ms: 100 }}
+state: {{ dir: "{state}" }}
+sources: {{ entities: {{ topic: {input} }} }}
+pipelines:
+  - name: entities
+    from: entities
+    repartition: {{ key: "{{type}}:{{id}}" }}
+    key: "{{type}}:{{id}}:v{{version}}"
+    routes:
+      - strategy: overwrite
+        entity: "{{type}}:{{id}}"
+        version: "{{version}}"
+    to: {{ topic: {output} }}
+dead_letter: {{ topic: {dlq} }}
+"#,
+        app = names.app,
+        bootstrap = bootstrap(),
+        state = dir.path().join("state").display(),
+        input = names.input,
+        output = names.output,
+        dlq = names.dlq,
+    );
+    let topology = dir.path().join("topology.yaml");
+    std::fs::write(&topology, yaml).expect("topology");
+    let entity = |id: &str, version: u32| tally::demo::generator::GeneratedRecord {
+        key: id.as_bytes().to_vec(),
+        payload: serde_json::json!({"type": "crm", "id": id, "version": version})
+            .to_string()
+            .into_bytes(),
+        headers: vec![],
+    };
+    // `crm` + `A:B` reads `crm:A:B`, and so would `crm:A` + `B`, which never came.
+    produce(
+        &names.input,
+        &[entity("A:B", 1), entity("A:B", 3), entity("A:B", 2), entity("C", 7)],
+    );
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    assert_eq!(wait_for_count(&names.output, 3, Duration::from_secs(90)), 3);
+    tally.stop();
+
+    let (code, text) = inspect(&topology, &["--entity", "crm:A:B"]);
+    assert_eq!(code, Some(0), "{text}");
+    let state: Vec<&str> = text.lines().filter(|l| l.contains(" state ")).collect();
+    assert_eq!(state.len(), 1, "{text}");
+    assert!(
+        state[0].contains("store entities-versions, key crm:A:B: version 3"),
+        "{text}"
+    );
+    let (code, text) = inspect(&topology, &["--entity", "crm:nobody"]);
+    assert_eq!(code, Some(2), "{text}");
 }

@@ -1,6 +1,7 @@
 //! tally on a secured cluster (SASL_SSL, SCRAM-SHA-512, StandardAuthorizer ACLs) that the test
 //! starts itself with `TALLY_KAFKA_SECURE=1 deploy/local/kafka up`: exactly-once as a principal
-//! holding only README.md's ACLs, refusals that name the fix, and no secret in any output.
+//! holding only README.md's ACLs, refusals that name the fix (at start, in the one-shot
+//! commands, and when an ACL goes while an instance runs), and no secret in any output.
 
 mod common;
 
@@ -452,6 +453,62 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
         assert!(out.status.success(), "{args:?}: {}", text(&out));
         outputs.push((format!("tally {}", args[0]), text(&out)));
     }
+    // The one-shot commands check the login before their first request too: a wrong password
+    // fails fast with the fix, rather than as a cluster that never answers.
+    let wrong_env: Vec<(&str, String)> = env
+        .iter()
+        .map(|(k, v)| match *k {
+            "KAFKA_PASSWORD" => (*k, wrong_password.clone()),
+            _ => (*k, v.clone()),
+        })
+        .collect();
+    let one_shots = [
+        vec!["inspect", file.as_str(), "--key", "PAY-1:PAID"],
+        vec!["redrive", file.as_str(), "--dry-run"],
+        vec!["reset", file.as_str()],
+        vec![
+            "reconcile",
+            "ack",
+            file.as_str(),
+            "--event-id",
+            "e-1",
+            "--reason",
+            "test",
+        ],
+    ];
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = one_shots
+            .iter()
+            .map(|args| {
+                let env = &wrong_env;
+                scope.spawn(move || {
+                    let t0 = Instant::now();
+                    let out = tally(args, env);
+                    (args, out, t0.elapsed())
+                })
+            })
+            .collect();
+        for run in runs {
+            let (args, out, took) = run.join().expect("the command's thread");
+            let said = text(&out);
+            assert!(!out.status.success(), "{args:?} with a wrong password: {said}");
+            assert!(
+                said.contains("rejected the credentials")
+                    && said.contains("`sasl.password`")
+                    && said.contains("`kafka.properties` of"),
+                "{args:?} names the settings to fix: {said}"
+            );
+            assert!(took < Duration::from_secs(15), "{args:?} took {took:?}: {said}");
+            // `reconcile ack` is two words; the others' second is the file.
+            let command = if args[0] == "reconcile" {
+                args[..2].join(" ")
+            } else {
+                args[0].to_string()
+            };
+            eprintln!("tally {command} with a wrong password: {} after {took:?}", out.status);
+            outputs.push((format!("tally {command} (wrong password)"), said));
+        }
+    });
     let broken = dir.path().join("broken.yaml");
     std::fs::write(
         &broken,
@@ -559,6 +616,45 @@ fn tally_on_a_secured_cluster_with_only_the_readme_acls() {
         "the broker denied the transactional id and nothing else: {denials:#?}"
     );
     outputs.push(("instance i2 (missing ACL)".into(), log));
+
+    // An ACL taken away while an instance runs: its ID-mapping reader, tailing the mappings
+    // topic, is refused and stops the instance with the fix, instead of warning forever.
+    let http = free_address();
+    let mut env = credentials(&password);
+    env.push(("TALLY_HTTP_ADDRESS", http.clone()));
+    let mut tailing = Tally::start_yaml_with(&secured_example, &mapped, dir.path(), "m2", &env);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(&http, "/health/ready").map(|(status, _)| status) != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "crm-to-erp never got ready again:\n{}",
+            std::fs::read_to_string(tailing.log()).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster.acls(&[vec![
+        "--remove".to_string(),
+        "--force".to_string(),
+        "--allow-principal".to_string(),
+        "User:tally".to_string(),
+        "--operation".to_string(),
+        "Read".to_string(),
+        "--topic".to_string(),
+        mapped.mappings.clone(),
+    ]]);
+    let status = tailing.exit_within(Duration::from_secs(60));
+    let log = std::fs::read_to_string(tailing.log()).expect("log");
+    let status =
+        status.unwrap_or_else(|| panic!("losing Read on the mappings topic did not stop tally within 60 s:\n{log}"));
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("reading the mappings topic `{}`", mapped.mappings))
+            && log.contains("Create, Read, Write, Describe and DescribeConfigs on the ID-mapping topic")
+            && log.contains("restarting it changes nothing until that is done")
+            && !log.contains("a supervisor should restart it"),
+        "names the ACL to grant, and no restart as the cure:\n{log}"
+    );
+    outputs.push(("instance m2 (Read on the mappings topic taken away)".into(), log));
 
     // tally reconcile offline takes the credentials from a file or the environment.
     let properties = dir.path().join("reconcile.properties");

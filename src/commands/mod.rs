@@ -1,5 +1,6 @@
 //! The CLI's commands, called by `main` with parsed arguments.
 
+pub mod acknowledge;
 pub mod describe;
 pub mod inspect;
 pub mod logging;

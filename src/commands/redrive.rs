@@ -1,6 +1,7 @@
 //! `tally redrive`: sends dead letters back to their source topic, each exactly once.
 
 use crate::config;
+use crate::engine::credentials;
 use crate::recover::redrive::{self, Selection};
 use anyhow::{bail, Result};
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ pub struct RedriveArgs {
 /// Runs the redrive and prints what it did; true when every selected letter could be sent.
 pub fn redrive(args: &RedriveArgs) -> Result<bool> {
     let topology = config::load_file(&args.topology)?;
+    credentials::probe_topology(&topology, &args.topology)?;
     let selection = Selection {
         pipeline: args.pipeline.clone(),
         reasons: args.reasons.clone(),

@@ -1,6 +1,7 @@
 //! `tally reset`: start an application over (see `recover::reset`).
 
 use crate::config;
+use crate::engine::credentials;
 use crate::recover::reset;
 use anyhow::Result;
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ pub struct ResetArgs {
 /// Prints the plan and, with `--execute`, carries it out.
 pub fn reset(args: &ResetArgs) -> Result<bool> {
     let topology = config::load_file(&args.topology)?;
+    credentials::probe_topology(&topology, &args.topology)?;
     let plan = reset::plan(&topology)?;
     if !args.execute {
         print!("would delete:\n{}", plan.render());

@@ -1,11 +1,12 @@
-//! `tally run`: runs a topology until SIGTERM or Ctrl-C, then commits and leaves the group.
+//! `tally run` and `tally reconcile live`: run a topology (tally's, or the reconciler's view of
+//! it) until SIGTERM or Ctrl-C, then commit and leave the group.
 
 use crate::config;
 use crate::engine::health::Health;
 use crate::engine::{self, Shutdown};
 use crate::metrics::{Metrics, Totals};
-use crate::topology::Topology;
-use anyhow::{Context, Result};
+use crate::topology::{ReconcileRun, Topology};
+use anyhow::{anyhow, Context, Result};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +15,28 @@ use std::time::Duration;
 /// Loads and runs a topology file as `instance_id`, serving `/metrics` and health on
 /// `http_address` when given.
 pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
-    let topology = Arc::new(config::load_file(path)?);
+    let topology = config::load_file(path)?;
+    if topology
+        .reconcile
+        .as_ref()
+        .is_some_and(|r| r.run == ReconcileRun::Separately)
+    {
+        tracing::info!(
+            "`reconcile.run: separately`: this instance runs no reconciler; deploy `tally reconcile live` with the same topology"
+        );
+    }
+    run_topology(Arc::new(topology), instance_id, http_address)
+}
+
+/// Runs the live reconciler of a topology file as its own application (`reconcile.run:
+/// separately`): group, transactional ids and stores `<application_id>-reconcile`.
+pub fn reconcile_live(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
+    let topology = config::load_file(path)?;
+    let view = topology.reconciler_view().map_err(|why| anyhow!("{why}"))?;
+    run_topology(Arc::new(view), instance_id, http_address)
+}
+
+fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
     let metrics = Arc::new(Metrics::new(&topology.application_id).context("registering metrics")?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -49,6 +71,7 @@ pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> 
         let result = engine::run(
             topology.clone(),
             instance_id,
+            engine::Cluster::Kafka,
             metrics.clone(),
             health.clone(),
             shutdown.clone(),

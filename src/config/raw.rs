@@ -54,6 +54,10 @@ pub struct RawReconcile {
     /// How long an event may stay unfinished before it alerts (a duration, e.g. 5m).
     #[schemars(with = "Option<String>")]
     pub threshold: Option<Text>,
+    /// `in_process` (default: on `tally run`'s stream threads) or `separately` (its own
+    /// deployment, `tally reconcile live`, which also watches the sources).
+    #[schemars(with = "Option<String>")]
+    pub run: Option<Text>,
 }
 
 /// `trace:`

@@ -3,7 +3,7 @@
 use super::diagnostics::Collector;
 use super::raw::RawReconcile;
 use super::validate::{kafka_name, positive_duration, required};
-use crate::topology::ReconcileSettings;
+use crate::topology::{ReconcileRun, ReconcileSettings};
 use serde_saphyr::Spanned;
 use std::time::Duration;
 
@@ -25,10 +25,23 @@ pub fn reconcile(c: &mut Collector, raw: Spanned<RawReconcile>, has_trace: bool)
     };
     let scan_interval = duration(r.scan_interval, Duration::from_secs(300), "`reconcile.scan_interval`");
     let threshold = duration(r.threshold, Duration::from_secs(600), "`reconcile.threshold`");
+    let run = match r.run.as_ref().map(|t| (t.value.as_str(), t.referenced)) {
+        None | Some(("in_process", _)) => Some(ReconcileRun::InProcess),
+        Some(("separately", _)) => Some(ReconcileRun::Separately),
+        Some((other, at)) => {
+            c.at_loc(
+                at,
+                format!("`reconcile.run` is `{other}`; use `in_process` or `separately`"),
+            );
+            None
+        }
+    };
     let settings = ReconcileSettings {
         alerts_topic: alerts_topic?,
         scan_interval: scan_interval?,
         threshold: threshold?,
+        run: run?,
+        watch: None,
     };
     has_trace.then_some(settings)
 }

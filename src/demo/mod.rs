@@ -98,6 +98,7 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
         let engine = tokio::spawn(engine::run(
             topology.clone(),
             "demo",
+            engine::Cluster::Mock,
             metrics.clone(),
             Arc::new(Health::default()),
             shutdown.clone(),

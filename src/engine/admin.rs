@@ -59,8 +59,15 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
                 t.kafka.bootstrap_servers
             )
         })?;
-        let changelog = t.changelog_topic(Topology::RECONCILE_STORE);
-        ensure_internal(&admin, rt, &changelog, n, &[("cleanup.policy", "compact")])?;
+        for store in t.reconciler_stores() {
+            ensure_internal(
+                &admin,
+                rt,
+                &t.changelog_topic(&store),
+                n,
+                &[("cleanup.policy", "compact")],
+            )?;
+        }
     }
     if let Some(m) = &t.id_mapping {
         ensure_internal(&admin, rt, &m.topic, m.partitions, &[("cleanup.policy", "compact")])?;
@@ -117,18 +124,25 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
 /// librdkafka's default `message.max.bytes`, when `kafka.properties` does not set it.
 const PRODUCER_DEFAULT_MAX_BYTES: usize = 1_000_000;
 
-/// The largest record tally can write, and what sets it: the producer's `message.max.bytes`
-/// or the smallest `max.message.bytes` of the topics tally writes (outputs, dead letters,
-/// trace, alerts, changelogs, repartition and mappings topics). Call after `prepare_topics`.
-/// Fails when a topic that keeps state (a changelog, the mappings topic) is not compacted.
-pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
+/// The largest record the producer sends, and what sets it: `kafka.properties`'
+/// `message.max.bytes` or librdkafka's default. The topics' own limits come on top (see
+/// [`write_limit`]).
+pub fn producer_limit(t: &Topology) -> Result<(usize, String)> {
     let producer = match t.kafka.properties.get("message.max.bytes") {
         Some(v) => v
             .parse::<usize>()
             .with_context(|| format!("`kafka.properties.message.max.bytes` is `{v}`, not a number of bytes"))?,
         None => PRODUCER_DEFAULT_MAX_BYTES,
     };
-    let mut limit = (producer, "the producer's `message.max.bytes`".to_string());
+    Ok((producer, "the producer's `message.max.bytes`".to_string()))
+}
+
+/// The largest record tally can write, and what sets it: the producer's `message.max.bytes`
+/// or the smallest `max.message.bytes` of the topics tally writes (outputs, dead letters,
+/// trace, alerts, changelogs, repartition and mappings topics). Call after `prepare_topics`.
+/// Fails when a topic that keeps state (a changelog, the mappings topic) is not compacted.
+pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
+    let mut limit = producer_limit(t)?;
     let mut topics: Vec<String> = vec![t.dead_letter_topic.clone()];
     for p in &t.pipelines {
         topics.push(p.output.topic.clone());
@@ -136,9 +150,9 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
         topics.extend(p.repartition.as_ref().map(|r| r.topic.clone()));
     }
     topics.extend(t.trace.as_ref().map(|tr| tr.topic.clone()));
-    if let Some(r) = &t.reconcile {
+    if let (Some(r), Some(_)) = (&t.reconcile, t.reconciled_topic()) {
         topics.push(r.alerts_topic.clone());
-        topics.push(t.changelog_topic(Topology::RECONCILE_STORE));
+        topics.extend(t.reconciler_stores().iter().map(|s| t.changelog_topic(s)));
     }
     topics.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
     topics.sort();

@@ -116,6 +116,22 @@ pub fn global_reader(t: &Topology) -> ClientConfig {
     c
 }
 
+/// The live reconciler's reader of tally's inputs: assigned partitions only, never joining or
+/// committing, with tally's `group` so it can read that group's committed offsets.
+pub fn watch_reader(t: &Topology, group: &str) -> ClientConfig {
+    let mut c = base(t);
+    c.set("group.id", group)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set_if_absent("fetch.wait.max.ms", "10")
+        .set_if_absent("max.partition.fetch.bytes", "1048576")
+        .set_if_absent("queued.max.messages.kbytes", "4096");
+    c
+}
+
 trait SetIfAbsent {
     fn set_if_absent(&mut self, key: &str, value: &str) -> &mut Self;
 }

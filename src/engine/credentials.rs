@@ -4,12 +4,15 @@
 //! request that needed the connection fails as a transport failure like any other, and tally
 //! would wait for the cluster forever.
 
+use super::{admin, clients};
+use crate::topology::Topology;
 use anyhow::Result;
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientConfig;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -143,6 +146,17 @@ pub fn probe(config: &ClientConfig, settings: &str, timeout: Duration) -> Result
             Err(_) => {}
         }
     }
+}
+
+/// [`probe`] with a topology's bootstrap servers and `kafka.properties`, for the one-shot
+/// commands (`inspect`, `redrive`, `reset`, `reconcile ack`) before their first request: without it a wrong
+/// password reads as a cluster that never answers. `file` is the topology file, for the message.
+pub fn probe_topology(t: &Topology, file: &Path) -> Result<()> {
+    probe(
+        &clients::base(t),
+        &format!("`kafka.properties` of {}", file.display()),
+        admin::METADATA_TIMEOUT,
+    )
 }
 
 #[cfg(test)]

@@ -177,6 +177,7 @@ impl Emitter {
             status,
             outcome,
             timestamp_ms: now_ms(),
+            reason: None,
         };
         let Some((k, v)) = sink.encode(&record) else {
             return Ok(());

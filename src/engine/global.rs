@@ -3,6 +3,7 @@
 //! (the whole topic only on a first start), then tailing it.
 
 use super::errors::{self, EngineError};
+use super::health::{Health, Remedy};
 use super::stable_end::{self, StableEnd};
 use super::{clients, Shutdown};
 use crate::metrics::Metrics;
@@ -29,14 +30,25 @@ const BATCH: usize = 1_000;
 /// Pause before reading a record again whose write to the store failed.
 const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-/// Starts the reader and returns once the store holds the whole topic as of startup.
+/// The reader once the store holds the topic as of startup: [`Tail::run`] applies what comes
+/// after, on a thread of its own.
+pub struct Tail {
+    consumer: BaseConsumer,
+    topic: String,
+    global: Arc<GlobalMappings>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+}
+
+/// Reads the mappings topic into the store up to its end as of startup; returns the reader,
+/// to tail the topic from there.
 pub fn start(
     t: &Topology,
     topic: &str,
     global: Arc<GlobalMappings>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
-) -> Result<std::thread::JoinHandle<()>> {
+) -> Result<Tail> {
     let config = clients::global_reader(t);
     let consumer: BaseConsumer = config.create().context("creating the ID-mapping reader")?;
     let md = consumer
@@ -130,12 +142,13 @@ pub fn start(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "ID mappings loaded"
     );
-    let topic = topic.to_string();
-    let handle = std::thread::Builder::new()
-        .name("tally-global".into())
-        .spawn(move || tail(&consumer, &topic, &global, &metrics, &shutdown))
-        .context("starting the ID-mapping reader thread")?;
-    Ok(handle)
+    Ok(Tail {
+        consumer,
+        topic: topic.to_string(),
+        global,
+        metrics,
+        shutdown,
+    })
 }
 
 /// Where each partition is read from: the store's recorded position, or the beginning after
@@ -176,9 +189,35 @@ fn resume_points(
     Ok(starts)
 }
 
-/// Applies new mapping records as they arrive until shutdown; a record whose write fails is
-/// read again after a pause rather than skipped.
-fn tail(consumer: &BaseConsumer, topic: &str, global: &GlobalMappings, metrics: &Metrics, shutdown: &Shutdown) {
+impl Tail {
+    /// Applies new mapping records as they arrive until shutdown; a record whose write fails is
+    /// read again after a pause rather than skipped. A refusal (a missing ACL, rejected
+    /// credentials) ends it, with the fix in `health`: the stream threads would otherwise go on
+    /// with mappings that no longer change.
+    pub fn run(self, health: &Health) {
+        let Self {
+            consumer,
+            topic,
+            global,
+            metrics,
+            shutdown,
+        } = self;
+        if let Err(e) = tail(&consumer, &topic, &global, &metrics, &shutdown) {
+            let why = format!("{e:#}");
+            tracing::error!(error = %why, "stopping the instance");
+            health.engine_failed(why, Remedy::Fix);
+        }
+    }
+}
+
+/// The loop of [`Tail::run`]; an error is a refusal.
+fn tail(
+    consumer: &BaseConsumer,
+    topic: &str,
+    global: &GlobalMappings,
+    metrics: &Metrics,
+    shutdown: &Shutdown,
+) -> Result<(), EngineError> {
     let mut last_gauge = Instant::now();
     while !shutdown.is_triggered() {
         match consumer.poll(Duration::from_millis(200)) {
@@ -194,6 +233,14 @@ fn tail(consumer: &BaseConsumer, topic: &str, global: &GlobalMappings, metrics: 
                 }
             }
             Some(Err(KafkaError::PartitionEOF(_))) | None => {}
+            // No retry passes a missing ACL: warning about it forever would hide it.
+            Some(Err(e)) if errors::classify(&e) == errors::ErrorClass::Refused => {
+                publish(global, metrics);
+                return Err(EngineError::from_kafka(
+                    e,
+                    &format!("reading the mappings topic `{topic}`"),
+                ));
+            }
             Some(Err(e)) => tracing::warn!(error = %e, "reading the mappings topic"),
         }
         if last_gauge.elapsed() >= GAUGE_INTERVAL {
@@ -202,6 +249,7 @@ fn tail(consumer: &BaseConsumer, topic: &str, global: &GlobalMappings, metrics: 
         }
     }
     publish(global, metrics);
+    Ok(())
 }
 
 /// A mappings record taken off the consumer.

@@ -8,6 +8,16 @@ use std::time::{Duration, Instant};
 /// `max.poll.interval.ms`, after which the group has already moved its partitions away.
 pub const DEFAULT_STALL_LIMIT: Duration = Duration::from_secs(300);
 
+/// What can bring a stopped instance back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remedy {
+    /// A restart: a thread panicked or ended on its own, and a fresh start may well succeed.
+    Restart,
+    /// An operator's change: the cluster refused the principal or the disk is full, a restart
+    /// meets the same wall; the reason names the change.
+    Fix,
+}
+
 /// Readiness inputs shared by the stream threads, the global reader and the HTTP server.
 #[derive(Debug, Default)]
 pub struct Health {
@@ -15,8 +25,8 @@ pub struct Health {
     threads_joined: AtomicUsize,
     tasks_restoring: AtomicUsize,
     global_pending: AtomicBool,
-    /// Why an engine thread ended before the instance was told to stop.
-    failed: Mutex<Option<String>>,
+    /// Why an engine thread ended before the instance was told to stop, and what helps.
+    failed: Mutex<Option<(String, Remedy)>>,
     /// When each stream thread last showed progress, in ms after `epoch` (0: not started).
     beats: Vec<AtomicU64>,
     epoch: Option<Instant>,
@@ -90,10 +100,11 @@ impl Health {
         self.global_pending.store(false, Ordering::SeqCst);
     }
 
-    /// An engine thread panicked or returned on its own: the instance is no longer live.
-    pub fn engine_failed(&self, why: String) {
+    /// An engine thread panicked or returned on its own: the instance is no longer live. The
+    /// first reason is kept, with what brings the instance back.
+    pub fn engine_failed(&self, why: String, remedy: Remedy) {
         if let Ok(mut f) = self.failed.lock() {
-            f.get_or_insert(why);
+            f.get_or_insert((why, remedy));
         }
     }
 
@@ -101,8 +112,21 @@ impl Health {
     pub fn failure(&self) -> Option<String> {
         self.failed
             .lock()
-            .map_or_else(|_| Some("health state poisoned".into()), |f| f.clone())
+            .map_or_else(
+                |_| Some("health state poisoned".into()),
+                |f| f.as_ref().map(|(why, _)| why.clone()),
+            )
             .or_else(|| self.stalled())
+    }
+
+    /// What brings the instance back from its [`failure`](Self::failure): a fix only when an
+    /// engine thread said so.
+    pub fn remedy(&self) -> Remedy {
+        self.failed
+            .lock()
+            .ok()
+            .and_then(|f| f.as_ref().map(|(_, remedy)| *remedy))
+            .unwrap_or(Remedy::Restart)
     }
 
     /// Ready: every stream thread is in the group, no task is restoring, the global store loaded.
@@ -140,13 +164,15 @@ mod tests {
         let h = Health::new(1, false);
         h.thread_joined(true);
         assert!(h.is_ready() && h.failure().is_none());
-        h.engine_failed("tally-stream-0 panicked".into());
-        h.engine_failed("a later failure".into());
+        assert_eq!(h.remedy(), Remedy::Restart);
+        h.engine_failed("the cluster refused the principal".into(), Remedy::Fix);
+        h.engine_failed("engine thread tally-global ended".into(), Remedy::Restart);
         assert_eq!(
             h.failure().as_deref(),
-            Some("tally-stream-0 panicked"),
+            Some("the cluster refused the principal"),
             "the first cause is kept"
         );
+        assert_eq!(h.remedy(), Remedy::Fix, "with its remedy");
         assert!(!h.is_ready());
     }
 

@@ -21,7 +21,7 @@ impl TaskLayout {
     pub fn of(t: &Topology, topic: &str, partition: i32) -> Option<Self> {
         let name = t.task_name(topic, partition)?;
         let stores = if t.reconciled_topic() == Some(topic) {
-            vec![Topology::RECONCILE_STORE.to_string()]
+            t.reconciler_stores()
         } else {
             match t.stage_for_topic(topic)? {
                 (pipeline, Stage::Process) => pipeline.store_names(),

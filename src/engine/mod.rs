@@ -58,10 +58,22 @@ impl Shutdown {
     }
 }
 
-/// Runs `topology` as instance `instance_id` until `shutdown` is triggered.
+/// The kind of cluster the engine runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cluster {
+    /// Apache Kafka (or a service speaking its whole protocol): the configurations of the topics
+    /// tally writes are checked at start.
+    Kafka,
+    /// librdkafka's in-process mock cluster (`tally demo`): it answers no DescribeConfigs, so the
+    /// topics' limits and cleanup policies go unchecked and the producer's limit applies.
+    Mock,
+}
+
+/// Runs `topology` as instance `instance_id` on `cluster` until `shutdown` is triggered.
 pub async fn run(
     topology: Arc<Topology>,
     instance_id: &str,
+    cluster: Cluster,
     metrics: Arc<Metrics>,
     health: Arc<health::Health>,
     shutdown: Shutdown,
@@ -77,7 +89,10 @@ pub async fn run(
             // them apart first, so a wrong password stops tally instead of being waited out.
             credentials::probe(&clients::base(&t), "`kafka.properties`", admin::METADATA_TIMEOUT)?;
             admin::prepare_topics(&t, &rt)?;
-            admin::write_limit(&t, &rt)
+            match cluster {
+                Cluster::Kafka => admin::write_limit(&t, &rt),
+                Cluster::Mock => admin::producer_limit(&t),
+            }
         })
         .await
         .context("topic preparation panicked")?;
@@ -134,7 +149,7 @@ pub async fn run(
         .context("opening the ID-mapping store")?,
         None => GlobalMappings::in_memory().context("creating the (unused) ID-mapping store")?,
     });
-    let global_reader = match &topology.id_mapping {
+    let global_tail = match &topology.id_mapping {
         None => None,
         Some(m) => {
             let (t, topic, g, mx, sd) = (
@@ -144,11 +159,11 @@ pub async fn run(
                 metrics.clone(),
                 shutdown.clone(),
             );
-            let reader = tokio::task::spawn_blocking(move || global::start(&t, &topic, g, mx, sd))
+            let tail = tokio::task::spawn_blocking(move || global::start(&t, &topic, g, mx, sd))
                 .await
                 .context("ID-mapping reader panicked")??;
             health.global_loaded();
-            Some(reader)
+            Some(tail)
         }
     };
     let standbys = Arc::new(standby::Standbys::default());
@@ -165,6 +180,10 @@ pub async fn run(
         shutdown: shutdown.clone(),
     };
     let mut handles = vec![supervisor.spawn("tally-standby".into(), move || standby::run(keeper))?];
+    if let Some(tail) = global_tail {
+        let h = health.clone();
+        handles.push(supervisor.spawn("tally-global".into(), move || tail.run(&h))?);
+    }
     let rejoin = Arc::new(group_watch::RejoinRequests::new(topology.processing.threads));
     let (t, id, r, m, sd) = (
         topology.clone(),
@@ -198,7 +217,6 @@ pub async fn run(
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         handles.push(supervisor.spawn(format!("tally-stream-{index}"), move || stream_thread::run(cfg))?);
     }
-    handles.extend(global_reader);
     tokio::task::spawn_blocking(move || {
         handles.into_iter().for_each(|h| {
             // A panic was reported by the thread's guard; the join only waits for the end.
@@ -207,9 +225,15 @@ pub async fn run(
     })
     .await
     .context("joining stream threads")?;
-    match health.failure() {
-        None => Ok(()),
-        Some(why) => Err(anyhow!("{why}; the instance stopped (a supervisor should restart it)")),
+    match (health.failure(), health.remedy()) {
+        (None, _) => Ok(()),
+        (Some(why), health::Remedy::Restart) => {
+            Err(anyhow!("{why}; the instance stopped (a supervisor should restart it)"))
+        }
+        // A restart meets the same refusal or the same full disk: the reason names the change.
+        (Some(why), health::Remedy::Fix) => Err(anyhow!(
+            "{why}; the instance stopped, and restarting it changes nothing until that is done"
+        )),
     }
 }
 
@@ -255,7 +279,7 @@ impl Drop for ExitGuard {
             return;
         };
         tracing::error!(thread = %self.name, "{why}; stopping the instance");
-        self.health.engine_failed(why);
+        self.health.engine_failed(why, health::Remedy::Restart);
         self.shutdown.trigger();
     }
 }

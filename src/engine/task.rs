@@ -124,11 +124,7 @@ impl PipelineTask {
             dead_letter_topic: sinks.dead_letter,
             mappings_topic: sinks.mappings,
             trace: sinks.trace.map(|(topic, level)| TraceSink { topic, level, node }),
-            correlation_header: pipeline
-                .correlation
-                .header
-                .clone()
-                .unwrap_or_else(|| "correlation_id".into()),
+            correlation_header: pipeline.correlation_header().to_string(),
             trusts_source_headers: matches!(
                 work,
                 Work::Process {

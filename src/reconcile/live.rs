@@ -4,15 +4,17 @@
 //! on the alerts topic (once per event) and a log line with the correlation id.
 
 use crate::engine::emit::{header, Counts, Emitter, ProcessError};
-use crate::engine::errors::EngineError;
+use crate::engine::errors::{self, EngineError, ErrorClass};
 use crate::engine::producer::{Outgoing, TxnProducer};
 use crate::engine::task::Task;
 use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::{Decision, Processed, Reason, Rejection};
+use crate::reconcile::watch::{Unprocessed, WatchReport, Watcher};
 use crate::store::{codec, TaskStore};
 use crate::topology::ReconcileSettings;
 use crate::trace::{Status, FORMAT};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::Message;
 use serde::{Deserialize, Serialize};
@@ -37,7 +39,8 @@ pub struct OpenEvent {
     pub first_seen_ms: i64,
     /// The node that opened it.
     pub node: String,
-    /// Its last non-terminal status (`RECEIVED` or `PROCESSING`).
+    /// Its last non-terminal status (`RECEIVED` or `PROCESSING`), or `FAILED`: a failed event
+    /// (dead-lettered) stays open until it is redriven or acknowledged.
     pub status: Status,
     /// The business idempotency key, when the writer knew it.
     pub idempotency_key: Option<String>,
@@ -62,7 +65,7 @@ struct TraceIn<'a> {
     timestamp_ms: i64,
 }
 
-/// The alert record written for a stuck event.
+/// The alert record written for a stuck or failed event.
 #[derive(Debug, Serialize)]
 struct Alert<'a> {
     format: &'static str,
@@ -73,6 +76,18 @@ struct Alert<'a> {
     node: &'a str,
     status: Status,
     first_seen_ms: i64,
+    age_ms: i64,
+    threshold_ms: u64,
+    detected_ms: i64,
+}
+
+/// The alert record written for a record tally has not consumed in time.
+#[derive(Debug, Serialize)]
+struct UnprocessedAlert<'a> {
+    format: &'static str,
+    kind: &'static str,
+    #[serde(flatten)]
+    event: &'a Unprocessed,
     age_ms: i64,
     threshold_ms: u64,
     detected_ms: i64,
@@ -89,6 +104,27 @@ pub struct ScanReport {
     pub oldest_age_ms: i64,
     /// Alert records written by this scan.
     pub alerted: u64,
+    /// Failed (dead-lettered) events neither redriven nor acknowledged.
+    pub failed: u64,
+}
+
+impl ScanReport {
+    /// Takes back the count of an event found closed after the pass counted it.
+    fn forget(&mut self, counted_as: &Option<Status>) {
+        match counted_as {
+            Some(Status::Failed) => self.failed = self.failed.saturating_sub(1),
+            _ => {
+                self.open = self.open.saturating_sub(1);
+                self.stuck = self.stuck.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// The status the committed store holds for an event, if any.
+fn committed_status(store: &TaskStore, key: &[u8]) -> Option<Status> {
+    let bytes = store.get(0, key).ok()??;
+    codec::decode::<OpenEvent>(&bytes).ok().map(|o| o.status)
 }
 
 /// A scan pass under way: where it stopped and what it has counted so far.
@@ -129,6 +165,10 @@ pub struct ReconcileTask {
     /// an event opened and closed within one transaction (the usual case) never reaches the
     /// store or its changelog.
     txn: HashMap<Vec<u8>, Pending>,
+    /// The watch of tally's inputs, in the separately run reconciler.
+    watcher: Option<Watcher>,
+    /// When the watch last failed to reach the cluster (logged once per scan interval).
+    watch_failed: Option<Instant>,
 }
 
 /// An open event's state at the end of the transaction so far.
@@ -173,7 +213,15 @@ impl ReconcileTask {
             stream_time: None,
             next_offset: None,
             txn: HashMap::new(),
+            watcher: None,
+            watch_failed: None,
         }
+    }
+
+    /// This task, watching tally's inputs too (the separately run reconciler).
+    pub fn watching(mut self, watcher: Watcher) -> Self {
+        self.watcher = Some(watcher);
+        self
     }
 
     /// Applies one trace record to the open events; `Ok(Err)` holds why it is unreadable.
@@ -192,16 +240,26 @@ impl ReconcileTask {
             Some(p) => (p.open, p.stored),
             None => self.stored_entry(key)?,
         };
-        if t.status.is_terminal() {
+        if t.status == Status::Completed {
             if stored {
                 self.txn.insert(key.to_vec(), Pending { open: None, stored });
             }
             return Ok(Ok(()));
         }
         let open = match current {
-            Some(mut o) => {
+            // A failure is reported on its own, whether or not the event was reported stuck.
+            Some(mut o) if t.status == Status::Failed && o.status != Status::Failed => {
                 o.status = t.status;
                 o.node = t.node;
+                o.alerted = false;
+                o
+            }
+            Some(mut o) => {
+                // A late RECEIVED or PROCESSING does not reopen a failed event.
+                if o.status != Status::Failed {
+                    o.status = t.status;
+                    o.node = t.node;
+                }
                 o
             }
             None => OpenEvent {
@@ -287,6 +345,14 @@ impl ReconcileTask {
             seen += 1;
             if let Ok(open) = codec::decode::<OpenEvent>(&value) {
                 let age = clock_ms.saturating_sub(open.first_seen_ms);
+                if open.status == Status::Failed {
+                    pass.report.failed += 1;
+                    if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
+                        candidates.push((key.to_vec(), age));
+                    }
+                    last = Some(key);
+                    continue;
+                }
                 pass.report.open += 1;
                 pass.report.oldest_age_ms = pass.report.oldest_age_ms.max(age);
                 if age >= threshold_ms {
@@ -303,8 +369,7 @@ impl ReconcileTask {
             // The scan reads committed entries only: this transaction may have closed the event
             // since, and writing it back would reopen it for good.
             let (Some(mut open), stored) = self.read(&key)? else {
-                pass.report.open -= 1;
-                pass.report.stuck -= 1;
+                pass.report.forget(&committed_status(&self.store, &key));
                 continue;
             };
             if open.alerted {
@@ -341,9 +406,13 @@ impl ReconcileTask {
         let threshold_ms = self.settings.threshold.as_millis() as u64;
         for (key, open, age) in stuck {
             let event_id = String::from_utf8_lossy(key);
+            let kind = match open.status {
+                Status::Failed => "failed_event",
+                _ => "stuck_event",
+            };
             let alert = Alert {
                 format: ALERT_FORMAT,
-                kind: "stuck_event",
+                kind,
                 event_id: &event_id,
                 idempotency_key: open.idempotency_key.as_deref(),
                 correlation_id: &open.correlation_id,
@@ -363,17 +432,111 @@ impl ReconcileTask {
                 headers: OwnedHeaders::new().insert(header("correlation_id", &open.correlation_id)),
             };
             producer.send(out).map_err(ProcessError::Kafka)?;
+            self.metrics.reconcile_alerts.with_label_values(&[kind]).inc();
             tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
-                .in_scope(|| {
-                    tracing::warn!(
+                .in_scope(|| match open.status {
+                    Status::Failed => tracing::warn!(
+                        event_id = %event_id,
+                        node = %open.node,
+                        "event failed (dead-lettered); it stays open until `tally redrive` sends it again or \
+                         `tally reconcile ack` records why it may stay failed"
+                    ),
+                    _ => tracing::warn!(
                         event_id = %event_id,
                         node = %open.node,
                         age_s = age / 1000,
                         "event received but not completed after the threshold"
+                    ),
+                });
+        }
+        Ok(())
+    }
+
+    /// Scans the watched inputs (separately run reconciler only) and alerts on what is stuck
+    /// there; true when it wrote alerts or watch positions. A cluster that does not answer
+    /// skips this scan's watch, logged once per scan interval.
+    fn watch(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
+        let Some(watcher) = &mut self.watcher else {
+            return Ok(false);
+        };
+        let report = match watcher.scan(&mut self.store, now_ms, ALERTS_PER_SCAN as usize) {
+            Ok(report) => report,
+            Err(e) if refused(&e) => {
+                return Err(ProcessError::Engine(EngineError::Refused(e.context(
+                    "the reconciler watching tally's inputs: the Kafka cluster refused this principal; grant it Read \
+                     and Describe on tally's source and repartition topics and Describe on group `<application_id>` \
+                     (README.md, \"Secured clusters\"), then start it again",
+                ))))
+            }
+            Err(e) if !errors::worth_waiting(&e) && !is_kafka(&e) => return Err(fatal(e)),
+            Err(e) => {
+                if self
+                    .watch_failed
+                    .is_none_or(|t| t.elapsed() >= self.settings.scan_interval)
+                {
+                    tracing::warn!(task = %self.label, error = %format!("{e:#}"), "cannot watch tally's inputs this scan; trying again at the next");
+                    self.watch_failed = Some(Instant::now());
+                }
+                return Ok(false);
+            }
+        };
+        self.alert_unprocessed(&report, now_ms, producer)?;
+        self.publish_watch(&report);
+        Ok(!report.stuck.is_empty() || report.changed)
+    }
+
+    /// Writes an alert record and a warning line for each record tally has not consumed in time.
+    fn alert_unprocessed(
+        &self,
+        report: &WatchReport,
+        now_ms: i64,
+        producer: &mut TxnProducer,
+    ) -> Result<(), ProcessError> {
+        let threshold_ms = self.settings.threshold.as_millis() as u64;
+        for u in &report.stuck {
+            let alert = UnprocessedAlert {
+                format: ALERT_FORMAT,
+                kind: "unprocessed_event",
+                event: u,
+                age_ms: now_ms - u.appended_ms,
+                threshold_ms,
+                detected_ms: now_ms,
+            };
+            let payload = serde_json::to_vec(&alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
+            let out = Outgoing {
+                topic: &self.settings.alerts_topic,
+                partition: None,
+                key: Some(u.event_id.as_bytes()),
+                payload: Some(&payload),
+                headers: OwnedHeaders::new().insert(header("correlation_id", &u.correlation_id)),
+            };
+            producer.send(out).map_err(ProcessError::Kafka)?;
+            self.metrics.reconcile_alerts.with_label_values(&[alert.kind]).inc();
+            tracing::info_span!("event", correlation_id = %u.correlation_id, idempotency_key = u.idempotency_key.as_deref())
+                .in_scope(|| {
+                    tracing::warn!(
+                        event_id = %u.event_id,
+                        node = %u.node,
+                        topic = %u.topic,
+                        partition = u.partition,
+                        offset = u.offset,
+                        age_s = (now_ms - u.appended_ms) / 1000,
+                        "event appended but not consumed by tally after the threshold"
                     )
                 });
         }
         Ok(())
+    }
+
+    fn publish_watch(&self, r: &WatchReport) {
+        let m = &self.metrics;
+        let l = [self.label.as_str()];
+        m.reconcile_unconsumed_records
+            .with_label_values(&l)
+            .set(r.unconsumed as i64);
+        m.reconcile_longest_wait_seconds
+            .with_label_values(&l)
+            .set(r.longest_wait_ms as f64 / 1000.0);
     }
 
     fn publish(&self, r: &ScanReport) {
@@ -384,7 +547,7 @@ impl ReconcileTask {
         m.reconcile_oldest_open_age_seconds
             .with_label_values(&l)
             .set(r.oldest_age_ms as f64 / 1000.0);
-        m.reconcile_alerts.inc_by(r.alerted);
+        m.reconcile_failed_events.with_label_values(&l).set(r.failed as i64);
     }
 }
 
@@ -407,6 +570,18 @@ fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn<'_>>, Rejection> {
         Reason::MissingKeyField,
         format!("not a {FORMAT} record: {typed_error}"),
     ))
+}
+
+/// True when the cluster refused the principal somewhere in `e`'s chain.
+fn refused(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<KafkaError>())
+        .any(|k| errors::classify(k) == ErrorClass::Refused)
+}
+
+/// True when `e` comes from a Kafka call (a store failure does not).
+fn is_kafka(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<KafkaError>().is_some())
 }
 
 fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
@@ -480,13 +655,17 @@ impl Task for ReconcileTask {
         {
             return Ok(false);
         }
+        let mut wrote = false;
+        if self.pass.is_none() {
+            wrote = self.watch(now_ms, producer)?;
+        }
         let step = self.scan_step(self.clock_ms(now_ms), SCAN_BATCH)?;
         self.alert(&step.stuck, now_ms, producer)?;
         if let Some(report) = step.report {
             self.publish(&report);
             self.last_scan = Some(Instant::now());
         }
-        Ok(!step.stuck.is_empty())
+        Ok(wrote || !step.stuck.is_empty())
     }
 
     fn report_stores(&mut self, _metrics: &Metrics) {
@@ -512,6 +691,9 @@ impl Drop for ReconcileTask {
         let _ = m.reconcile_open_events.remove_label_values(&l);
         let _ = m.reconcile_stuck_events.remove_label_values(&l);
         let _ = m.reconcile_oldest_open_age_seconds.remove_label_values(&l);
+        let _ = m.reconcile_unconsumed_records.remove_label_values(&l);
+        let _ = m.reconcile_failed_events.remove_label_values(&l);
+        let _ = m.reconcile_longest_wait_seconds.remove_label_values(&l);
     }
 }
 

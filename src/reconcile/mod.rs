@@ -12,4 +12,5 @@ pub mod report;
 pub mod report_file;
 pub mod sent_key;
 pub mod topic;
+pub mod watch;
 pub mod window;

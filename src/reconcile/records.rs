@@ -89,7 +89,12 @@ pub fn trace(payload: Option<&[u8]>, node: Option<&str>) -> Keyed<'static> {
     }
     let settled = match (fields.status.as_deref(), fields.outcome.as_deref()) {
         (Some("COMPLETED"), None | Some("PENDING_CREATE")) => None,
-        (Some("COMPLETED"), Some("DEAD_LETTER")) | (Some("FAILED"), _) => Some(Settlement::DeadLettered),
+        // The redriven copy is an event of its own, counted when it completes.
+        (Some("COMPLETED"), Some("REDRIVEN")) => return Keyed::Skipped,
+        // An acknowledged failure is still a key that was never emitted.
+        (Some("COMPLETED"), Some("DEAD_LETTER" | "ACKNOWLEDGED")) | (Some("FAILED"), _) => {
+            Some(Settlement::DeadLettered)
+        }
         (Some("COMPLETED"), Some(_)) => Some(Settlement::Dropped),
         _ => return Keyed::Skipped,
     };
@@ -161,6 +166,8 @@ mod tests {
             ("COMPLETED", Some("DUPLICATE"), settled(Settlement::Dropped)),
             ("COMPLETED", Some("STALE"), settled(Settlement::Dropped)),
             ("FAILED", Some("DEAD_LETTER"), settled(Settlement::DeadLettered)),
+            ("COMPLETED", Some("ACKNOWLEDGED"), settled(Settlement::DeadLettered)),
+            ("COMPLETED", Some("REDRIVEN"), Keyed::Skipped),
             ("RECEIVED", None, Keyed::Skipped),
             ("PROCESSING", None, Keyed::Skipped),
         ] {

@@ -3,14 +3,18 @@
 //! coordinates, in the same transaction as its copy: a second run, or one that resumes after a
 //! crash, skips what was already sent, whatever its filters.
 
-use crate::engine::emit::{PAYLOAD_OMITTED_HEADER, REASON_HEADER, SOURCE_TOPIC_HEADER};
+use crate::engine::emit::{
+    now_ms, PAYLOAD_OMITTED_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
 use crate::engine::{admin, clients, headers};
+use crate::reconcile::progress::Progress;
 use crate::reconcile::topic::{self, read_to_end};
 use crate::topology::Topology;
+use crate::trace::{self, Status, TraceRecord, FORMAT};
 use anyhow::{bail, Context, Result};
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Message};
+use rdkafka::Message;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
@@ -78,6 +82,8 @@ pub fn log_topic(t: &Topology) -> String {
 /// A dead letter chosen for sending.
 struct Letter {
     coordinates: String,
+    /// The failed event's trace event id and correlation id, when the letter names its source.
+    event: Option<(String, String)>,
     to: String,
     reason: String,
     key: Option<Vec<u8>>,
@@ -114,22 +120,25 @@ pub fn run(t: &Topology, selection: &Selection, dry_run: bool) -> Result<Outcome
     })
     .with_context(|| format!("reading the redrive log `{log}`"))?;
 
+    // Letters are sent while the topic is read, a batch at a time: a dead-letter topic may hold
+    // more than memory.
     let mut outcome = Outcome::default();
-    let mut letters = Vec::new();
+    let mut sender = Sender::new(t, log, dry_run);
+    let progress = Progress::start("dead letters read", "records", true);
     read_to_end(&reader, &t.dead_letter_topic, &mut |m| {
+        progress.inc();
         if let Some(letter) = select(t, selection, &done, m, &mut outcome) {
-            letters.push(letter);
+            *outcome
+                .sent
+                .entry((letter.to.clone(), letter.reason.clone()))
+                .or_default() += 1;
+            sender.push(letter)?;
         }
         Ok(())
     })
     .with_context(|| format!("reading the dead-letter topic `{}`", t.dead_letter_topic))?;
-    for l in &letters {
-        *outcome.sent.entry((l.to.clone(), l.reason.clone())).or_default() += 1;
-    }
-    if dry_run || letters.is_empty() {
-        return Ok(outcome);
-    }
-    send(t, &clients::base(t), &log, &letters)?;
+    progress.finish();
+    sender.finish()?;
     Ok(outcome)
 }
 
@@ -172,6 +181,19 @@ fn select(
     let Some(payload) = m.payload() else {
         return unsendable("the record had no value");
     };
+    // The failed event this letter stands for, closed in the trace when its copy is sent.
+    let event = match (&source, header(SOURCE_PARTITION_HEADER), header(SOURCE_OFFSET_HEADER)) {
+        (Some(topic), Some(partition), Some(offset)) => {
+            let correlation_header = t
+                .stage_for_topic(topic)
+                .map_or("correlation_id", |(p, _)| p.correlation_header());
+            Some((
+                format!("{topic}/{partition}/{offset}"),
+                header(correlation_header).unwrap_or_default(),
+            ))
+        }
+        _ => None,
+    };
     let to = match (&selection.to, source, &pipeline) {
         (Some(to), _, _) => to.clone(),
         (None, Some(source), Some(_)) => source,
@@ -186,6 +208,7 @@ fn select(
         .collect();
     Some(Letter {
         coordinates,
+        event,
         to,
         reason,
         key: m.key().map(<[u8]>::to_vec),
@@ -194,48 +217,127 @@ fn select(
     })
 }
 
-/// Sends the letters in transactions of [`BATCH`], each with its redrive log records.
-fn send(t: &Topology, client: &ClientConfig, log: &str, letters: &[Letter]) -> Result<()> {
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = client
-        .clone()
-        .set("transactional.id", format!("{}-redrive", t.application_id))
-        .set("enable.idempotence", "true")
-        .set("allow.auto.create.topics", "false")
-        .create()
-        .context("cannot create the redrive producer")?;
-    producer
-        .init_transactions(KAFKA_TIMEOUT)
-        .context("cannot start the redrive producer's transactions (is another `tally redrive` running?)")?;
-    for (n, batch) in letters.chunks(BATCH).enumerate() {
+/// Sends letters in transactions of [`BATCH`], each with its redrive log record and the trace
+/// record that closes its failed event; a dry run sends nothing.
+struct Sender<'a> {
+    t: &'a Topology,
+    log: String,
+    dry_run: bool,
+    /// Made on the first letter: a run with nothing to send starts no transactions.
+    producer: Option<ThreadedProducer<rdkafka::producer::DefaultProducerContext>>,
+    batch: Vec<Letter>,
+    batches: usize,
+}
+
+impl<'a> Sender<'a> {
+    fn new(t: &'a Topology, log: String, dry_run: bool) -> Self {
+        Self {
+            t,
+            log,
+            dry_run,
+            producer: None,
+            batch: Vec::new(),
+            batches: 0,
+        }
+    }
+
+    fn push(&mut self, letter: Letter) -> Result<()> {
+        if self.dry_run {
+            return Ok(());
+        }
+        self.batch.push(letter);
+        if self.batch.len() >= BATCH {
+            self.commit_batch()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        if !self.batch.is_empty() {
+            self.commit_batch()?;
+        }
+        Ok(())
+    }
+
+    fn producer(&mut self) -> Result<&ThreadedProducer<rdkafka::producer::DefaultProducerContext>> {
+        if self.producer.is_none() {
+            let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = clients::base(self.t)
+                .set("transactional.id", format!("{}-redrive", self.t.application_id))
+                .set("enable.idempotence", "true")
+                .set("allow.auto.create.topics", "false")
+                .create()
+                .context("cannot create the redrive producer")?;
+            producer
+                .init_transactions(KAFKA_TIMEOUT)
+                .context("cannot start the redrive producer's transactions (is another `tally redrive` running?)")?;
+            self.producer = Some(producer);
+        }
+        self.producer.as_ref().context("redrive producer missing")
+    }
+
+    fn commit_batch(&mut self) -> Result<()> {
+        let letters = std::mem::take(&mut self.batch);
+        let (t, log) = (self.t, self.log.clone());
+        self.batches += 1;
+        let n = self.batches;
+        let producer = self.producer()?;
         producer
             .begin_transaction()
             .context("beginning a redrive transaction")?;
-        for l in batch {
-            let mut hs = l.headers.iter().fold(OwnedHeaders::new(), |h, (name, value)| {
-                headers::add(h, name, value.as_deref())
-            });
-            hs = headers::add(hs, REDRIVEN_FROM_HEADER.as_bytes(), Some(l.coordinates.as_bytes()));
-            let mut record = BaseRecord::to(&l.to).payload(&l.payload).headers(hs);
-            if let Some(k) = &l.key {
-                record = record.key(k);
-            }
-            producer
-                .send(record)
-                .map_err(|(e, _)| e)
-                .with_context(|| format!("sending dead letter {} to `{}`", l.coordinates, l.to))?;
-            let entry = serde_json::json!({"to": l.to, "reason": l.reason}).to_string();
-            producer
-                .send(BaseRecord::to(log).key(&l.coordinates).payload(&entry))
-                .map_err(|(e, _)| e)
-                .with_context(|| format!("recording dead letter {} in `{log}`", l.coordinates))?;
+        for l in &letters {
+            send_letter(t, producer, &log, l)?;
         }
         producer.commit_transaction(KAFKA_TIMEOUT).with_context(|| {
-            format!(
-                "committing redrive batch {} (its letters are sent again by the next run if it aborted)",
-                n + 1
-            )
+            format!("committing redrive batch {n} (its letters are sent again by the next run if it aborted)")
         })?;
-        tracing::info!(batch = n + 1, letters = batch.len(), "redrive batch committed");
+        tracing::info!(batch = n, letters = letters.len(), "redrive batch committed");
+        Ok(())
     }
+}
+
+/// Sends one letter, its redrive log record and the trace record closing its failed event, in
+/// the open transaction.
+fn send_letter(
+    t: &Topology,
+    producer: &ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    log: &str,
+    l: &Letter,
+) -> Result<()> {
+    let mut hs = l.headers.iter().fold(OwnedHeaders::new(), |h, (name, value)| {
+        headers::add(h, name, value.as_deref())
+    });
+    hs = headers::add(hs, REDRIVEN_FROM_HEADER.as_bytes(), Some(l.coordinates.as_bytes()));
+    let mut record = BaseRecord::to(&l.to).payload(&l.payload).headers(hs);
+    if let Some(k) = &l.key {
+        record = record.key(k);
+    }
+    producer
+        .send(record)
+        .map_err(|(e, _)| e)
+        .with_context(|| format!("sending dead letter {} to `{}`", l.coordinates, l.to))?;
+    if let (Some(trace_settings), Some((event_id, correlation_id))) = (&t.trace, &l.event) {
+        let node = format!("{}/redrive", t.application_id);
+        let closing = TraceRecord {
+            format: FORMAT,
+            event_id,
+            idempotency_key: None,
+            correlation_id,
+            node: &node,
+            status: Status::Completed,
+            outcome: Some(trace::Outcome::Redriven),
+            timestamp_ms: now_ms(),
+            reason: None,
+        };
+        let value = serde_json::to_vec(&closing).context("encoding a trace record")?;
+        producer
+            .send(BaseRecord::to(&trace_settings.topic).key(event_id).payload(&value))
+            .map_err(|(e, _)| e)
+            .with_context(|| format!("closing event {event_id} on the trace topic `{}`", trace_settings.topic))?;
+    }
+    let entry = serde_json::json!({"to": l.to, "reason": l.reason}).to_string();
+    producer
+        .send(BaseRecord::to(log).key(&l.coordinates).payload(&entry))
+        .map_err(|(e, _)| e)
+        .with_context(|| format!("recording dead letter {} in `{log}`", l.coordinates))?;
     Ok(())
 }

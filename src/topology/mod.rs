@@ -4,6 +4,7 @@
 
 pub mod describe;
 pub mod diagram;
+pub mod reconciler;
 pub mod template;
 
 use globset::GlobMatcher;
@@ -11,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use reconciler::{ReconcileRun, Watch, WatchedTopic};
 pub use template::{KeyTemplate, RenderedKey};
 
 /// A whole application: what `tally run` executes.
@@ -119,6 +121,10 @@ pub struct ReconcileSettings {
     pub scan_interval: Duration,
     /// How long an event may stay open before it is reported.
     pub threshold: Duration,
+    /// Which process hosts the reconciler's tasks.
+    pub run: ReconcileRun,
+    /// tally's inputs, watched from outside (only in the separately run reconciler).
+    pub watch: Option<Watch>,
 }
 
 /// A named input topic.
@@ -291,6 +297,12 @@ pub struct Output {
 }
 
 impl Pipeline {
+    /// The header the correlation id is read from and written to (`correlation_id` unless the
+    /// pipeline names one).
+    pub fn correlation_header(&self) -> &str {
+        self.correlation.header.as_deref().unwrap_or("correlation_id")
+    }
+
     /// The topic the stateful part reads: the repartition topic or the source.
     pub fn process_topic(&self) -> &str {
         self.repartition.as_ref().map_or(&self.input_topic, |r| &r.topic)
@@ -354,9 +366,7 @@ impl Topology {
             .flat_map(|p| p.store_names())
             .map(|s| self.changelog_topic(&s))
             .collect();
-        if self.reconcile.is_some() {
-            topics.push(self.changelog_topic(Self::RECONCILE_STORE));
-        }
+        topics.extend(self.reconciler_stores().iter().map(|s| self.changelog_topic(s)));
         topics
     }
 
@@ -386,10 +396,23 @@ impl Topology {
         topics
     }
 
-    /// The trace topic, when the live reconciler reads it.
+    /// The trace topic, when this process's stream threads run the live reconciler on it.
     pub fn reconciled_topic(&self) -> Option<&str> {
-        self.reconcile.as_ref()?;
+        self.reconcile.as_ref().filter(|r| r.run == ReconcileRun::InProcess)?;
         self.trace.as_ref().map(|t| t.topic.as_str())
+    }
+
+    /// The stores of a reconciler task in this process, in store-index order: the open events,
+    /// and the watch positions when it watches tally's inputs.
+    pub fn reconciler_stores(&self) -> Vec<String> {
+        if self.reconciled_topic().is_none() {
+            return Vec::new();
+        }
+        let mut stores = vec![Self::RECONCILE_STORE.to_string()];
+        if self.reconcile.as_ref().is_some_and(|r| r.watch.is_some()) {
+            stores.push(Self::WATCH_STORE.to_string());
+        }
+        stores
     }
 
     /// Name of the task fed by `topic`/`partition`: its `task` metric label and directory name.
@@ -402,4 +425,6 @@ impl Topology {
 
     /// The store name of the live reconciler's open events.
     pub const RECONCILE_STORE: &'static str = "reconcile-open";
+    /// The store name of the watch positions of the separately run reconciler.
+    pub const WATCH_STORE: &'static str = "reconcile-watch";
 }

@@ -144,17 +144,74 @@ impl KeyTemplate {
                 }
             };
             text.push_str(content);
-            stored.push(kind);
-            for c in content.chars() {
-                match c {
-                    '\\' => stored.push_str("\\\\"),
-                    '\0' => stored.push_str("\\0"),
-                    other => stored.push(other),
-                }
-            }
-            stored.push('\0');
+            push_stored(&mut stored, kind, content);
         }
         Ok(RenderedKey { text, stored })
+    }
+
+    /// Every stored key whose readable form is `text` (at most [`MAX_CANDIDATES`]): usually one,
+    /// more when a field's value may hold a literal of the template (`{a}:{b}` and `x:y:z`).
+    /// For operators who know a key as trace records and logs show it.
+    pub fn stored_keys_for(&self, text: &str) -> Vec<String> {
+        let mut found = Vec::new();
+        let mut values = Vec::new();
+        let mut steps = MAX_SPLIT_STEPS;
+        self.split(text, 0, &mut values, &mut found, &mut steps);
+        found
+    }
+
+    /// Matches `rest` against `parts[i..]`, `values` holding the fields matched so far; gives
+    /// up when `steps` run out (adjacent fields over a long text have very many splits).
+    fn split<'t>(
+        &self,
+        rest: &'t str,
+        i: usize,
+        values: &mut Vec<&'t str>,
+        found: &mut Vec<String>,
+        steps: &mut usize,
+    ) {
+        if found.len() >= MAX_CANDIDATES || *steps == 0 {
+            return;
+        }
+        *steps -= 1;
+        let Some(part) = self.parts.get(i) else {
+            if rest.is_empty() {
+                found.push(self.stored_of(values));
+            }
+            return;
+        };
+        match part {
+            Part::Literal(literal) => {
+                if let Some(after) = rest.strip_prefix(literal.as_str()) {
+                    self.split(after, i + 1, values, found, steps);
+                }
+            }
+            Part::Field { empty_ok, .. } => {
+                let ends: Vec<usize> = match self.parts.get(i + 1) {
+                    None => vec![rest.len()],
+                    Some(Part::Literal(next)) => rest.match_indices(next.as_str()).map(|(at, _)| at).collect(),
+                    Some(Part::Field { .. }) => (0..=rest.len()).filter(|&at| rest.is_char_boundary(at)).collect(),
+                };
+                for end in ends.into_iter().filter(|&end| end > 0 || *empty_ok) {
+                    values.push(&rest[..end]);
+                    self.split(&rest[end..], i + 1, values, found, steps);
+                    values.pop();
+                }
+            }
+        }
+    }
+
+    /// The stored key of the template with `values` as its fields, in order.
+    fn stored_of(&self, values: &[&str]) -> String {
+        let mut stored = String::from(STORED_KEY_START);
+        let mut values = values.iter();
+        for part in &self.parts {
+            match part {
+                Part::Literal(literal) => push_stored(&mut stored, 'l', literal),
+                Part::Field { .. } => push_stored(&mut stored, 'f', values.next().copied().unwrap_or_default()),
+            }
+        }
+        stored
     }
 
     /// Builds the readable key for one JSON object (repartition and output message keys).
@@ -168,6 +225,24 @@ impl KeyTemplate {
         }
         Ok(out)
     }
+}
+
+/// Most stored keys [`KeyTemplate::stored_keys_for`] returns for one readable key.
+pub const MAX_CANDIDATES: usize = 64;
+/// Most matching steps [`KeyTemplate::stored_keys_for`] takes.
+const MAX_SPLIT_STEPS: usize = 100_000;
+
+/// Appends one part to a stored key: its kind, its text with `\` and NUL escaped, a NUL.
+fn push_stored(stored: &mut String, kind: char, content: &str) {
+    stored.push(kind);
+    for c in content.chars() {
+        match c {
+            '\\' => stored.push_str("\\\\"),
+            '\0' => stored.push_str("\\0"),
+            other => stored.push(other),
+        }
+    }
+    stored.push('\0');
 }
 
 /// The first character of every stored key. Stores written by earlier versions hold text keys,
@@ -376,6 +451,42 @@ mod tests {
             "no saturation"
         );
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
+    }
+
+    #[test]
+    fn a_readable_key_gives_back_every_stored_key_that_reads_so() {
+        let t: KeyTemplate = "{payment_id}:{status}".parse().expect("template");
+        let stored = |d: Value| t.render_key(&doc(d)).expect("renders").stored;
+        assert_eq!(
+            t.stored_keys_for("PAY-1:PAID"),
+            vec![stored(json!({"payment_id": "PAY-1", "status": "PAID"}))]
+        );
+        // A colon inside a field: both readings, each the key of a real record.
+        let both = t.stored_keys_for("A:B:C");
+        assert_eq!(
+            both,
+            vec![
+                stored(json!({"payment_id": "A", "status": "B:C"})),
+                stored(json!({"payment_id": "A:B", "status": "C"}))
+            ]
+        );
+        assert!(t.stored_keys_for("no-colon").is_empty());
+        assert!(t.stored_keys_for(":PAID").is_empty(), "an empty field is no value here");
+        let adjacent: KeyTemplate = "{a}{b}".parse().expect("template");
+        assert_eq!(
+            adjacent.stored_keys_for("xy").len(),
+            1,
+            "x|y only: fields are never empty"
+        );
+        let many: KeyTemplate = "{a}{b}{c}{d}".parse().expect("template");
+        assert!(many.stored_keys_for(&"z".repeat(200)).len() <= MAX_CANDIDATES);
+        let hopeless: KeyTemplate = "{a}{b}{c}:x".parse().expect("template");
+        assert!(
+            hopeless.stored_keys_for(&"z".repeat(5_000)).is_empty(),
+            "bounded work, no match"
+        );
+        let escaped = t.stored_keys_for("a\\b:c");
+        assert_eq!(escaped, vec![stored(json!({"payment_id": "a\\b", "status": "c"}))]);
     }
 
     #[test]

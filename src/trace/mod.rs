@@ -42,6 +42,10 @@ pub enum Outcome {
     DeadLetter,
     /// Emitted without a target system's id.
     PendingCreate,
+    /// Its dead letter was sent back to the source (`tally redrive`); the copy is a new event.
+    Redriven,
+    /// An operator acknowledged its failure (`tally reconcile ack`, with a `reason`).
+    Acknowledged,
 }
 
 /// How many records a node writes per event.
@@ -72,6 +76,9 @@ pub struct TraceRecord<'a> {
     pub outcome: Option<Outcome>,
     /// When (ms since the Unix epoch).
     pub timestamp_ms: i64,
+    /// An operator's words, on an acknowledgement.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'a str>,
 }
 
 /// A node's trace settings.
@@ -112,6 +119,7 @@ mod tests {
             status,
             outcome,
             timestamp_ms: 1_700_000_000_000,
+            reason: None,
         }
     }
 

@@ -413,7 +413,34 @@ impl Tally {
         Self::start_file_with(path, names, state, instance_id, &[])
     }
 
+    /// Runs `yaml` with `tally reconcile live` (the separately deployed reconciler) as
+    /// `instance_id`, with the test's topics and a state dir of its own under `state`.
+    pub fn start_reconciler_yaml(
+        yaml: &str,
+        names: &Names,
+        state: &Path,
+        instance_id: &str,
+        extra: &[(&str, String)],
+    ) -> Self {
+        let path = state.join(format!("{instance_id}.yaml"));
+        std::fs::write(&path, yaml).expect("write topology");
+        let env = Self::env_of(names, state, instance_id, extra);
+        let log = state.join(format!("{instance_id}.log"));
+        Self::spawn(&["reconcile", "live"], &path, instance_id, log, &env)
+    }
+
     fn start_file_with(path: &Path, names: &Names, state: &Path, instance_id: &str, extra: &[(&str, String)]) -> Self {
+        let env = Self::env_of(names, state, instance_id, extra);
+        Self::start_with_env(path, instance_id, state.join(format!("{instance_id}.log")), &env)
+    }
+
+    /// The environment naming the test's topics and `instance_id`'s state directory.
+    pub fn env_of<'a>(
+        names: &Names,
+        state: &Path,
+        instance_id: &str,
+        extra: &[(&'a str, String)],
+    ) -> Vec<(&'a str, String)> {
         // Each instance has a state directory of its own, as on separate hosts.
         let state_dir = state.join(format!("state-{instance_id}")).display().to_string();
         let env = [
@@ -428,14 +455,18 @@ impl Tally {
             ("TALLY_TRACE_TOPIC", names.trace.clone()),
             ("TALLY_ALERTS_TOPIC", names.alerts.clone()),
         ];
-        let env: Vec<(&str, String)> = env.into_iter().chain(extra.iter().cloned()).collect();
-        Self::start_with_env(path, instance_id, state.join(format!("{instance_id}.log")), &env)
+        env.into_iter().chain(extra.iter().cloned()).collect()
     }
 
     pub fn start_with_env(topology: &Path, instance_id: &str, log: PathBuf, env: &[(&str, String)]) -> Self {
+        Self::spawn(&["run"], topology, instance_id, log, env)
+    }
+
+    fn spawn(command: &[&str], topology: &Path, instance_id: &str, log: PathBuf, env: &[(&str, String)]) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))
-            .args(["--log-json", "run"])
+            .arg("--log-json")
+            .args(command)
             .arg(topology)
             .args(["--instance-id", instance_id])
             .env("RUST_LOG", "info,librdkafka=warn")

@@ -11,6 +11,7 @@ use super::emit::ProcessError;
 use super::errors::{classify, EngineError, ErrorClass, TxnStep};
 use super::faults::{self, Point};
 use super::group_watch::RejoinRequests;
+use super::health::Remedy;
 use super::producer::TxnProducer;
 use super::purge::Purger;
 use super::restore::RestoreSettings;
@@ -105,7 +106,7 @@ pub fn run(cfg: ThreadConfig) {
                 // this reason is the one `/health/live` and the exit report.
                 let why = format!("{e:#}");
                 tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
-                cfg.health.engine_failed(why);
+                cfg.health.engine_failed(why, Remedy::Fix);
                 return;
             }
             Err(EngineError::Fatal(e)) if super::errors::storage_full(&e) => {
@@ -120,7 +121,7 @@ pub fn run(cfg: ThreadConfig) {
                     ))
                 );
                 tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
-                cfg.health.engine_failed(why);
+                cfg.health.engine_failed(why, Remedy::Fix);
                 return;
             }
             Err(EngineError::Fatal(e)) => {

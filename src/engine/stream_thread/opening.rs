@@ -10,6 +10,7 @@ use crate::engine::restore::{Rebuild, Restore, RestoreSettings};
 use crate::engine::task::{PipelineTask, Sinks, Task, Work};
 use crate::processors::PipelineProcessor;
 use crate::reconcile::live::ReconcileTask;
+use crate::reconcile::watch::Watcher;
 use crate::store::{LockError, StoreError, TaskStore};
 use crate::topology::Stage;
 use anyhow::anyhow;
@@ -141,8 +142,12 @@ impl Opening {
                     .reconcile
                     .clone()
                     .ok_or_else(|| EngineError::Fatal(anyhow!("no reconciler settings for `{topic}`")))?;
+                let watcher = settings
+                    .watch
+                    .clone()
+                    .map(|w| Watcher::new(t, w, settings.threshold, partition, topic.clone()));
                 tracing::info!(task = %layout.name, topic, "task ready");
-                return Ok(Box::new(ReconcileTask::new(
+                let task = ReconcileTask::new(
                     layout.name,
                     partition,
                     settings,
@@ -150,7 +155,11 @@ impl Opening {
                     layout.changelogs,
                     t.dead_letter_topic.clone(),
                     cfg.metrics.clone(),
-                )));
+                );
+                return Ok(Box::new(match watcher {
+                    Some(w) => task.watching(w),
+                    None => task,
+                }));
             }
             Kind::Process { layout, repartitioned } => Work::Process {
                 store: self.store.ok_or_else(not_ready)?,

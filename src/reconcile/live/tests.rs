@@ -10,6 +10,8 @@ fn task(dir: &std::path::Path) -> ReconcileTask {
         alerts_topic: "alerts".into(),
         scan_interval: Duration::from_secs(1),
         threshold: Duration::from_secs(10),
+        run: crate::topology::ReconcileRun::InProcess,
+        watch: None,
     };
     let metrics = Arc::new(Metrics::new("test").expect("metrics"));
     ReconcileTask::new(
@@ -51,8 +53,8 @@ fn events_open_on_received_stay_open_through_processing_and_close_on_a_terminal_
     );
     assert_eq!(apply(&mut t, &record("e1", "COMPLETED", 300)), Some(true));
     assert_eq!(open(&t, "e1"), None);
-    assert_eq!(apply(&mut t, &record("e2", "FAILED", 300)), Some(true));
-    assert_eq!(open(&t, "e2"), None, "a terminal record alone opens nothing");
+    assert_eq!(apply(&mut t, &record("e2", "COMPLETED", 300)), Some(true));
+    assert_eq!(open(&t, "e2"), None, "a completion alone opens nothing");
     assert_eq!(
         apply(&mut t, b"{\"format\":\"other/v2\"}"),
         Some(true),
@@ -132,6 +134,67 @@ fn scans_go_through_a_large_store_in_steps_and_alert_each_stuck_event_once() {
     let again = t.scan_step(100_000, 100).expect("steps");
     assert!(again.stuck.is_empty(), "alerted once only");
     assert_eq!(again.report.map(|r| (r.open, r.stuck, r.alerted)), Some((5, 4, 0)));
+}
+
+fn commit(t: &mut ReconcileTask) {
+    t.write_pending().expect("writes");
+    t.store.take_changes();
+    t.store.commit(&[]).expect("commits");
+}
+
+#[test]
+fn a_failed_event_stays_open_and_alerts_at_once_until_redriven_or_acknowledged() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut t = task(tmp.path());
+    let apply = |t: &mut ReconcileTask, bytes: &[u8]| t.apply(Some(bytes)).expect("applies").expect("valid");
+    apply(&mut t, &record("dead", "FAILED", 99_000));
+    apply(&mut t, &record("stuck-then-dead", "RECEIVED", 1_000));
+    apply(&mut t, &record("acked", "FAILED", 99_000));
+    commit(&mut t);
+    // Threshold 10 s at clock 100 s: the failed events alert although only 1 s old.
+    let step = t.scan_step(100_000, 100).expect("steps");
+    let kinds: Vec<(String, Status)> = step
+        .stuck
+        .iter()
+        .map(|(k, o, _)| (String::from_utf8_lossy(k).into_owned(), o.status))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("acked".to_string(), Status::Failed),
+            ("dead".to_string(), Status::Failed),
+            ("stuck-then-dead".to_string(), Status::Received)
+        ]
+    );
+    let report = step.report.expect("one step");
+    assert_eq!((report.open, report.stuck, report.failed), (1, 1, 2));
+    commit(&mut t);
+    // The stuck event fails: it alerts again, as a failure; a late RECEIVED reopens nothing.
+    apply(&mut t, &record("stuck-then-dead", "FAILED", 100_500));
+    apply(&mut t, &record("dead", "RECEIVED", 100_600));
+    commit(&mut t);
+    let step = t.scan_step(101_000, 100).expect("steps");
+    assert_eq!(step.stuck.len(), 1, "only the new failure alerts");
+    assert_eq!(step.stuck[0].1.status, Status::Failed);
+    assert_eq!(step.report.map(|r| (r.open, r.failed)), Some((0, 3)));
+    assert_eq!(open(&t, "dead").map(|o| o.status), Some(Status::Failed));
+    commit(&mut t);
+    // Redriven and acknowledged: COMPLETED with those outcomes closes them.
+    let closing = |event: &str, outcome: &str| {
+        serde_json::json!({
+            "format": FORMAT, "event_id": event, "correlation_id": "c", "node": "app/redrive",
+            "status": "COMPLETED", "outcome": outcome, "timestamp_ms": 102_000, "reason": "known bad input",
+        })
+        .to_string()
+        .into_bytes()
+    };
+    apply(&mut t, &closing("dead", "REDRIVEN"));
+    apply(&mut t, &closing("acked", "ACKNOWLEDGED"));
+    commit(&mut t);
+    let step = t.scan_step(103_000, 100).expect("steps");
+    assert_eq!(step.report.map(|r| (r.open, r.failed)), Some((0, 1)));
+    assert_eq!(open(&t, "dead"), None);
+    assert_eq!(open(&t, "acked"), None);
 }
 
 #[test]
