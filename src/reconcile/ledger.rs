@@ -8,9 +8,10 @@ use std::path::Path;
 
 /// Count updates per WriteBatch.
 const BATCH_OPS: usize = 10_000;
-/// Memtable size; with `MAX_WRITE_BUFFERS` it bounds the write side's memory.
-const WRITE_BUFFER_BYTES: usize = 32 << 20;
-const MAX_WRITE_BUFFERS: i32 = 2;
+/// Memtable size; with `MAX_WRITE_BUFFERS` it bounds the write side's memory. Each full memtable
+/// becomes one sorted table that the scan merges, so larger memtables mean fewer tables.
+const WRITE_BUFFER_BYTES: usize = 64 << 20;
+const MAX_WRITE_BUFFERS: i32 = 3;
 /// Block cache for the scan, index and filter blocks included.
 const CACHE_BYTES: usize = 16 << 20;
 
@@ -61,31 +62,48 @@ impl Counts {
         }
     }
 
-    fn encode(self) -> [u8; 32] {
-        let mut out = [0; 32];
-        for (i, n) in [self.sent, self.processed, self.dropped, self.dead_lettered]
-            .into_iter()
-            .enumerate()
-        {
-            out[i * 8..(i + 1) * 8].copy_from_slice(&n.to_le_bytes());
+    /// Four LEB128 varints (sent, processed, dropped, dead-lettered), on the stack: a single
+    /// count update is 4 bytes, which keeps the memtables and tables small.
+    fn encode(self) -> Encoded {
+        let mut out = Encoded {
+            bytes: [0; ENCODED_MAX],
+            len: 0,
+        };
+        for mut n in [self.sent, self.processed, self.dropped, self.dead_lettered] {
+            while n >= 0x80 {
+                out.bytes[out.len] = (n as u8) | 0x80;
+                out.len += 1;
+                n >>= 7;
+            }
+            out.bytes[out.len] = n as u8;
+            out.len += 1;
         }
         out
     }
 
-    /// Decodes what `encode` wrote; the database is private to this run, so a short value
-    /// cannot occur and would read as zero.
+    /// Decodes what `encode` wrote; the database is private to this run, so a short or
+    /// malformed value cannot occur, and its missing counts would read as zero.
     fn decode(bytes: &[u8]) -> Self {
-        let half = |range: std::ops::Range<usize>| {
-            bytes
-                .get(range)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map_or(0, u64::from_le_bytes)
-        };
+        let mut fields = [0u64; 4];
+        let mut bytes = bytes.iter();
+        for field in &mut fields {
+            let mut shift = 0;
+            for &b in bytes.by_ref() {
+                if shift < 64 {
+                    *field |= u64::from(b & 0x7f) << shift;
+                }
+                shift += 7;
+                if b & 0x80 == 0 {
+                    break;
+                }
+            }
+        }
+        let [sent, processed, dropped, dead_lettered] = fields;
         Self {
-            sent: half(0..8),
-            processed: half(8..16),
-            dropped: half(16..24),
-            dead_lettered: half(24..32),
+            sent,
+            processed,
+            dropped,
+            dead_lettered,
         }
     }
 
@@ -99,11 +117,26 @@ impl Counts {
     }
 }
 
+/// The longest encoding: four varints of at most 10 bytes.
+const ENCODED_MAX: usize = 40;
+
+/// Encoded counts.
+struct Encoded {
+    bytes: [u8; ENCODED_MAX],
+    len: usize,
+}
+
+impl AsRef<[u8]> for Encoded {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 /// Sums count updates: RocksDB merges them without a read per update.
 fn add_counts(_key: &[u8], existing: Option<&[u8]>, operands: &MergeOperands) -> Option<Vec<u8>> {
     let start = existing.map(Counts::decode).unwrap_or_default();
     let total = operands.iter().map(Counts::decode).fold(start, Counts::plus);
-    Some(total.encode().to_vec())
+    Some(total.encode().as_ref().to_vec())
 }
 
 /// The temporary count database; deleted when dropped.
@@ -131,6 +164,9 @@ impl Ledger {
             })?;
         let mut opts = Options::default();
         opts.create_if_missing(true);
+        // Written once, scanned once: no compaction (the scan merges the flushed tables, each
+        // sorted, like an external merge sort) and no write stalls on their number.
+        opts.prepare_for_bulk_load();
         opts.set_merge_operator_associative("tally.reconcile.add", add_counts);
         opts.set_write_buffer_size(WRITE_BUFFER_BYTES);
         opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS);
@@ -154,56 +190,19 @@ impl Ledger {
         })
     }
 
-    /// Counts one sending of `key`.
-    pub fn sent(&mut self, key: &[u8]) -> Result<()> {
-        self.add(
-            key,
-            Counts {
-                sent: 1,
-                ..Counts::default()
-            },
-        )
-    }
-
-    /// Counts one processing of `key`.
-    pub fn processed(&mut self, key: &[u8]) -> Result<()> {
-        self.add(
-            key,
-            Counts {
-                processed: 1,
-                ..Counts::default()
-            },
-        )
-    }
-
-    /// Counts one settling of `key` without an output.
-    pub fn settled(&mut self, key: &[u8], how: Settlement) -> Result<()> {
-        let counts = match how {
-            Settlement::Dropped => Counts {
-                dropped: 1,
-                ..Counts::default()
-            },
-            Settlement::DeadLettered => Counts {
-                dead_lettered: 1,
-                ..Counts::default()
-            },
-        };
-        self.add(key, counts)
-    }
-
-    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
-        self.batch.merge(key, counts.encode());
-        if self.batch.len() >= BATCH_OPS {
-            self.flush()?;
+    /// A handle on the database that threads share, each writing through a [`Writer`] of its
+    /// own.
+    pub fn shared(&self) -> Shared<'_> {
+        Shared {
+            db: &self.db,
+            write: &self.write,
+            dir: self.dir.path(),
         }
-        Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.batch);
-        self.db
-            .write_opt(batch, &self.write)
-            .with_context(|| format!("cannot write to the work database in `{}`", self.dir.path().display()))
+        self.shared().write(batch)
     }
 
     /// Hands every key with its counts to `each`, in byte order of the keys.
@@ -219,6 +218,108 @@ impl Ledger {
             it.next();
         }
         it.status().context("cannot read the work database")
+    }
+}
+
+/// Count updates, written in batches of `BATCH_OPS` through the ledger itself or a [`Writer`].
+pub trait Counter {
+    /// Adds `counts` to `key`'s.
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()>;
+
+    /// Counts one sending of `key`.
+    fn sent(&mut self, key: &[u8]) -> Result<()> {
+        self.add(
+            key,
+            Counts {
+                sent: 1,
+                ..Counts::default()
+            },
+        )
+    }
+
+    /// Counts one processing of `key`.
+    fn processed(&mut self, key: &[u8]) -> Result<()> {
+        self.add(
+            key,
+            Counts {
+                processed: 1,
+                ..Counts::default()
+            },
+        )
+    }
+
+    /// Counts one settling of `key` without an output.
+    fn settled(&mut self, key: &[u8], how: Settlement) -> Result<()> {
+        let counts = match how {
+            Settlement::Dropped => Counts {
+                dropped: 1,
+                ..Counts::default()
+            },
+            Settlement::DeadLettered => Counts {
+                dead_lettered: 1,
+                ..Counts::default()
+            },
+        };
+        self.add(key, counts)
+    }
+}
+
+impl Counter for Ledger {
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
+        self.batch.merge(key, counts.encode());
+        if self.batch.len() >= BATCH_OPS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// The ledger's database, shared by threads that count into it at the same time.
+#[derive(Clone, Copy)]
+pub struct Shared<'a> {
+    db: &'a DB,
+    write: &'a WriteOptions,
+    dir: &'a Path,
+}
+
+impl<'a> Shared<'a> {
+    /// A writer with a batch of its own.
+    pub fn writer(self) -> Writer<'a> {
+        Writer {
+            shared: self,
+            batch: WriteBatch::default(),
+        }
+    }
+
+    fn write(self, batch: WriteBatch) -> Result<()> {
+        self.db
+            .write_opt(batch, self.write)
+            .with_context(|| format!("cannot write to the work database in `{}`", self.dir.display()))
+    }
+}
+
+/// One thread's count updates.
+pub struct Writer<'a> {
+    shared: Shared<'a>,
+    batch: WriteBatch,
+}
+
+impl Writer<'_> {
+    /// Writes the updates not written yet; a writer dropped without this loses them.
+    pub fn finish(mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.batch);
+        self.shared.write(batch)
+    }
+}
+
+impl Counter for Writer<'_> {
+    fn add(&mut self, key: &[u8], counts: Counts) -> Result<()> {
+        self.batch.merge(key, counts.encode());
+        if self.batch.len() >= BATCH_OPS {
+            let batch = std::mem::take(&mut self.batch);
+            self.shared.write(batch)?;
+        }
+        Ok(())
     }
 }
 
@@ -327,5 +428,48 @@ mod tests {
         assert!(path.exists());
         drop(ledger);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn writers_on_several_threads_add_to_the_same_counts() {
+        let mut ledger = Ledger::create(None).expect("ledger");
+        ledger.sent(b"k000").expect("sent");
+        let shared = ledger.shared();
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(move || {
+                    let mut writer = shared.writer();
+                    for i in 0..BATCH_OPS + 5 {
+                        writer
+                            .processed(format!("k{:03}", i % 100).as_bytes())
+                            .expect("processed");
+                    }
+                    writer.finish().expect("finish");
+                });
+            }
+        });
+        let got = scan(&mut ledger);
+        assert_eq!(got.len(), 100);
+        let processed: u64 = got.iter().map(|(_, c)| c.processed).sum();
+        assert_eq!(processed, 3 * (BATCH_OPS as u64 + 5));
+        assert_eq!(got[0].1.sent, 1);
+    }
+
+    #[test]
+    fn counts_survive_their_encoding_at_any_size() {
+        for n in [0, 1, 127, 128, 300, u64::from(u32::MAX) + 1, u64::MAX] {
+            let c = Counts {
+                sent: n,
+                processed: 1,
+                dropped: n / 3,
+                dead_lettered: u64::MAX - n,
+            };
+            assert_eq!(Counts::decode(c.encode().as_ref()), c, "{n}");
+        }
+        let one = Counts {
+            sent: 1,
+            ..Counts::default()
+        };
+        assert_eq!(one.encode().as_ref(), [1, 0, 0, 0]);
     }
 }

@@ -3,7 +3,7 @@
 //! ordered scan that reports missing, ghost and duplicate keys.
 
 use super::files::{self, Entry, FileFormat, Unreadable};
-use super::ledger::Ledger;
+use super::ledger::{Counter, Ledger};
 use super::progress::Progress;
 use super::records::{self, Keyed};
 use super::report::{Findings, Report, Side, Summary};
@@ -16,6 +16,11 @@ use anyhow::{bail, Result};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message};
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// At most this many consumers read the processed topic, each its share of the partitions on a
+/// thread of its own.
+const PROCESSED_READERS: usize = 4;
 
 /// The prefix of `--sent` that names a topic instead of a file.
 pub const TOPIC_PREFIX: &str = "topic:";
@@ -116,7 +121,7 @@ pub fn run(opts: &Options) -> Result<Findings> {
     let report_file = opts.report.as_ref().map(|(p, f)| (p.as_path(), *f));
     let mut report = Report::new(report_file, opts.examples)?;
     read_sent(opts, &mut ledger, &mut report)?;
-    read_processed(opts, &mut ledger, &mut report)?;
+    read_processed(opts, &ledger, &mut report)?;
     let progress = Progress::start("comparing", "keys", opts.progress);
     ledger.scan(&mut |key, counts| {
         progress.inc();
@@ -151,49 +156,97 @@ pub fn failures(s: &Summary, strict: bool) -> Vec<String> {
 fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
     let progress = Progress::start("reading sent keys", "records", opts.progress);
     let window = opts.window.as_ref();
+    let mut read = Read::default();
+    let report = Mutex::new(report);
     match &opts.sent {
         SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_key, window, &mut |entry| {
             progress.inc();
             match entry {
-                Entry::Key(key) => count(Keyed::Key(key.into()), Side::Sent, ledger, report, String::new),
+                Entry::Key(key) => count(
+                    Keyed::Key(key.into()),
+                    Side::Sent,
+                    ledger,
+                    &mut read,
+                    &report,
+                    String::new,
+                ),
                 Entry::Outside => {
-                    report.summary().outside_window_sent += 1;
+                    read.outside_window += 1;
                     Ok(())
                 }
-                Entry::Unreadable(u) => report.unreadable(Side::Sent, &u),
+                Entry::Unreadable(u) => lock(&report).unreadable(Side::Sent, &u),
             }
         })?,
         SentSource::Topic(name) => topic::read_to_end(&opts.kafka, name, &mut |m| {
             progress.inc();
             if window.is_some_and(|w| timestamp(m).is_some_and(|ms| !w.has_sent(ms))) {
-                report.summary().outside_window_sent += 1;
+                read.outside_window += 1;
                 return Ok(());
             }
             let keyed = records::sent(header(m, IDEMPOTENCY_KEY_HEADER), m.payload(), &opts.sent_key);
-            count(keyed, Side::Sent, ledger, report, || location(m))
+            count(keyed, Side::Sent, ledger, &mut read, &report, || location(m))
         })?,
     }
     progress.finish();
+    let report = report.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let s = report.summary();
+    s.sent_records += read.records;
+    s.skipped += read.skipped;
+    s.outside_window_sent += read.outside_window;
     Ok(())
 }
 
-fn read_processed(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result<()> {
+/// Reads the processed topic with a reader per partition, up to `PROCESSED_READERS`, each
+/// counting into the ledger through a writer of its own.
+fn read_processed(opts: &Options, ledger: &Ledger, report: &mut Report) -> Result<()> {
     let progress = Progress::start("reading processed keys", "records", opts.progress);
     let window = opts.window.as_ref();
-    topic::read_to_end(&opts.kafka, &opts.processed, &mut |m| {
-        progress.inc();
-        if window.is_some_and(|w| timestamp(m).is_some_and(|ms| !w.has_processed(ms))) {
-            report.summary().outside_window_processed += 1;
-            return Ok(());
-        }
-        let keyed = match opts.processed_kind {
-            ProcessedKind::Output => records::output(header(m, IDEMPOTENCY_KEY_HEADER)),
-            ProcessedKind::Trace => records::trace(m.payload(), opts.trace_node.as_deref()),
-        };
-        count(keyed, Side::Processed, ledger, report, || location(m))
-    })?;
+    let shared = ledger.shared();
+    let report = Mutex::new(report);
+    let readers = topic::read_to_end_in_parallel(
+        &opts.kafka,
+        &opts.processed,
+        PROCESSED_READERS,
+        &|| (shared.writer(), Read::default()),
+        &|(writer, read), m| {
+            progress.inc();
+            if window.is_some_and(|w| timestamp(m).is_some_and(|ms| !w.has_processed(ms))) {
+                read.outside_window += 1;
+                return Ok(());
+            }
+            let keyed = match opts.processed_kind {
+                ProcessedKind::Output => records::output(header(m, IDEMPOTENCY_KEY_HEADER)),
+                ProcessedKind::Trace => records::trace(m.payload(), opts.trace_node.as_deref()),
+            };
+            count(keyed, Side::Processed, writer, read, &report, || location(m))
+        },
+    )?;
     progress.finish();
+    let report = report.into_inner().unwrap_or_else(PoisonError::into_inner);
+    for (writer, read) in readers {
+        writer.finish()?;
+        let s = report.summary();
+        s.processed_records += read.records;
+        s.skipped += read.skipped;
+        s.outside_window_processed += read.outside_window;
+    }
     Ok(())
+}
+
+/// What one reader of a side counted, added to the summary when it is done.
+#[derive(Default)]
+struct Read {
+    /// Records with a key.
+    records: u64,
+    /// Records that do not count.
+    skipped: u64,
+    /// Records outside the window.
+    outside_window: u64,
+}
+
+/// The report, shared by the readers of a side; they lock it for an unreadable record only.
+fn lock<'a, 'r>(report: &'a Mutex<&'r mut Report>) -> MutexGuard<'a, &'r mut Report> {
+    report.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A record's timestamp in epoch milliseconds, when it has one.
@@ -205,27 +258,25 @@ fn timestamp(m: &BorrowedMessage<'_>) -> Option<i64> {
 fn count(
     keyed: Keyed<'_>,
     side: Side,
-    ledger: &mut Ledger,
-    report: &mut Report,
+    counter: &mut dyn Counter,
+    read: &mut Read,
+    report: &Mutex<&mut Report>,
     location: impl FnOnce() -> String,
 ) -> Result<()> {
     match keyed {
-        Keyed::Key(key) => match side {
-            Side::Sent => {
-                report.summary().sent_records += 1;
-                ledger.sent(key.as_bytes())
+        Keyed::Key(key) => {
+            read.records += 1;
+            match side {
+                Side::Sent => counter.sent(key.as_bytes()),
+                Side::Processed => counter.processed(key.as_bytes()),
             }
-            Side::Processed => {
-                report.summary().processed_records += 1;
-                ledger.processed(key.as_bytes())
-            }
-        },
-        Keyed::Settled(key, how) => ledger.settled(key.as_bytes(), how),
+        }
+        Keyed::Settled(key, how) => counter.settled(key.as_bytes(), how),
         Keyed::Skipped => {
-            report.summary().skipped += 1;
+            read.skipped += 1;
             Ok(())
         }
-        Keyed::Unreadable(reason) => report.unreadable(
+        Keyed::Unreadable(reason) => lock(report).unreadable(
             side,
             &Unreadable {
                 location: location(),
