@@ -1,7 +1,10 @@
 //! The live reconciler: a task per trace-topic partition keeps the events that are open (a
-//! `RECEIVED`/`PROCESSING` record and no `COMPLETED`/`FAILED` yet) in a changelogged store, and
-//! every scan interval reports those open longer than the threshold: a gauge, an alert record
-//! on the alerts topic (once per event) and a log line with the correlation id.
+//! `RECEIVED`/`PROCESSING` record and no `COMPLETED` yet, or a `FAILED` one: a dead letter
+//! stays open until it is redriven or acknowledged) in a changelogged store, and every scan
+//! interval reports those open longer than the threshold, and failed ones at once: a gauge,
+//! an alert record on the alerts topic (once per event) and a log line with the correlation
+//! id. Run separately (`tally reconcile live`), each task also watches its share of tally's
+//! inputs (`reconcile::watch`).
 
 use crate::engine::emit::{Counts, Emitter, ProcessError};
 use crate::engine::errors::EngineError;
