@@ -12,3 +12,4 @@ pub mod recover;
 pub mod store;
 pub mod topology;
 pub mod trace;
+pub mod wire;

@@ -88,13 +88,8 @@ fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option
     Ok(())
 }
 
-/// The names of a topology's pipelines (metric label values).
-pub fn pipeline_names(t: &Topology) -> Vec<String> {
-    t.pipelines.iter().map(|p| p.name.clone()).collect()
-}
-
 fn log_totals(t: &Topology, metrics: &Metrics) {
-    let totals: Totals = metrics.totals(&pipeline_names(t));
+    let totals: Totals = metrics.totals(&t.pipeline_names());
     let reasons: Vec<String> = totals
         .dead_lettered
         .iter()

@@ -88,7 +88,7 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
     let produced = generated.records.len() as u64;
 
     let metrics = Arc::new(Metrics::new(&topology.application_id)?);
-    let names = crate::commands::run::pipeline_names(&topology);
+    let names = topology.pipeline_names();
     let shutdown = Shutdown::default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -7,6 +7,10 @@ use crate::processors::idmap::pending_key;
 use crate::processors::{Decision, Processed, Reason, Rejection};
 use crate::store::Change;
 use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
+use crate::wire::{
+    DETAIL_HEADER, IDEMPOTENCY_KEY_HEADER, PAYLOAD_OMITTED_HEADER, PENDING_CREATE_HEADER, REASON_HEADER,
+    SOURCE_KEY_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::Message;
@@ -14,28 +18,8 @@ use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Header naming the systems whose id an output lacks (pending-create).
-pub const PENDING_CREATE_HEADER: &str = "tally.pending_create";
-/// Header carrying the business idempotency key on outputs.
-pub const IDEMPOTENCY_KEY_HEADER: &str = "tally.idempotency_key";
-/// Machine-readable dead-letter reason.
-pub const REASON_HEADER: &str = "tally.error.reason";
-/// Human-readable detail of a dead-letter reason.
-pub const DETAIL_HEADER: &str = "tally.error.detail";
 /// The longest `tally.error.detail` written, in characters.
 const MAX_DETAIL_CHARS: usize = 1024;
-/// On a dead letter whose original payload did not fit: the payload's size in bytes (the
-/// original stays in the source topic at the `tally.source.*` coordinates).
-pub const PAYLOAD_OMITTED_HEADER: &str = "tally.error.payload_omitted";
-/// Source topic of an event (on dead letters, and on records crossing a repartition topic).
-pub const SOURCE_TOPIC_HEADER: &str = "tally.source.topic";
-/// Source partition of an event.
-pub const SOURCE_PARTITION_HEADER: &str = "tally.source.partition";
-/// Source offset of an event.
-pub const SOURCE_OFFSET_HEADER: &str = "tally.source.offset";
-/// The source record's own message key, on records crossing a repartition topic (a null value:
-/// the source record had none), so a dead letter of the second stage carries the original key.
-pub const SOURCE_KEY_HEADER: &str = "tally.source.key";
 
 /// The message key a dead letter of `msg` carries: the source record's own. On a repartition
 /// topic (`trusted`) that is the one its `tally.source.key` header kept; records written there

@@ -1,7 +1,7 @@
 //! A task: one partition of a consumed topic and the work done on it inside the stream
 //! thread's transaction; here the pipeline task (a pipeline stage and its stores).
 
-use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace, SOURCE_KEY_HEADER};
+use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace};
 use super::errors::EngineError;
 use super::faults::{self, Point};
 use super::headers;
@@ -13,6 +13,7 @@ use crate::processors::{Input, PipelineProcessor, Rejection};
 use crate::store::TaskStore;
 use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
+use crate::wire::SOURCE_KEY_HEADER;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use std::cell::OnceCell;

@@ -11,7 +11,7 @@ use super::report_file::ReportFormat;
 use super::sent_key::SentKey;
 use super::topic;
 use super::window::Window;
-use crate::engine::emit::IDEMPOTENCY_KEY_HEADER;
+use crate::wire::IDEMPOTENCY_KEY_HEADER;
 use anyhow::{bail, Result};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message};

@@ -8,12 +8,12 @@
 //! offset not yet reported, the record tally waits at and since when, and a few (end offset,
 //! time) marks that bound when a record was appended whatever its producer stamped on it.
 
-use crate::engine::emit::{SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER};
 use crate::engine::headers;
 use crate::engine::{clients, errors};
 use crate::processors::correlation;
 use crate::store::{codec, TaskStore};
 use crate::topology::{Topology, Watch, WatchedTopic};
+use crate::wire::{SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER};
 use anyhow::{Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;

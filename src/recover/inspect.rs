@@ -4,13 +4,13 @@
 //! can locate where it stopped (for an event tally never consumed, the alert says where it
 //! waits). An entity key finds the entity's versions and merged state.
 
-use crate::engine::emit::{
-    IDEMPOTENCY_KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
-};
 use crate::engine::headers;
 use crate::reconcile::topic::{self, read_to_end};
 use crate::recover::state;
 use crate::topology::Topology;
+use crate::wire::{
+    IDEMPOTENCY_KEY_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
 use anyhow::{bail, Context, Result};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;

@@ -3,14 +3,16 @@
 //! coordinates, in the same transaction as its copy: a second run, or one that resumes after a
 //! crash, skips what was already sent, whatever its filters.
 
-use crate::engine::emit::{
-    now_ms, PAYLOAD_OMITTED_HEADER, REASON_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
-};
+use crate::engine::emit::now_ms;
 use crate::engine::{admin, clients, headers};
 use crate::reconcile::progress::Progress;
 use crate::reconcile::topic::{self, read_to_end};
 use crate::topology::Topology;
 use crate::trace::{self, Status, TraceRecord, FORMAT};
+use crate::wire::{
+    DEFAULT_CORRELATION_HEADER, PAYLOAD_OMITTED_HEADER, REASON_HEADER, REDRIVEN_FROM_HEADER, SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+};
 use anyhow::{bail, Context, Result};
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
@@ -21,8 +23,6 @@ use std::time::Duration;
 /// Dead letters per transaction.
 const BATCH: usize = 500;
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
-/// Header naming the dead letter a redriven record was copied from.
-pub const REDRIVEN_FROM_HEADER: &str = "tally.redriven_from";
 
 /// Which dead letters to send, and where.
 #[derive(Debug, Clone, Default)]
@@ -186,7 +186,7 @@ fn select(
         (Some(topic), Some(partition), Some(offset)) => {
             let correlation_header = t
                 .stage_for_topic(topic)
-                .map_or("correlation_id", |(p, _)| p.correlation_header());
+                .map_or(DEFAULT_CORRELATION_HEADER, |(p, _)| p.correlation_header());
             Some((
                 format!("{topic}/{partition}/{offset}"),
                 header(correlation_header).unwrap_or_default(),

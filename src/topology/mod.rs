@@ -300,7 +300,10 @@ impl Pipeline {
     /// The header the correlation id is read from and written to (`correlation_id` unless the
     /// pipeline names one).
     pub fn correlation_header(&self) -> &str {
-        self.correlation.header.as_deref().unwrap_or("correlation_id")
+        self.correlation
+            .header
+            .as_deref()
+            .unwrap_or(crate::wire::DEFAULT_CORRELATION_HEADER)
     }
 
     /// The topic the stateful part reads: the repartition topic or the source.
@@ -353,6 +356,11 @@ impl Pipeline {
 }
 
 impl Topology {
+    /// The names of the pipelines (metric label values).
+    pub fn pipeline_names(&self) -> Vec<String> {
+        self.pipelines.iter().map(|p| p.name.clone()).collect()
+    }
+
     /// Changelog topic of a store: `<application_id>-<store>-changelog`.
     pub fn changelog_topic(&self, store: &str) -> String {
         format!("{}-{}-changelog", self.application_id, store)

@@ -7,11 +7,9 @@ use crate::engine::producer::{Outgoing, TxnProducer};
 use crate::metrics::Metrics;
 use crate::reconcile::watch::Unprocessed;
 use crate::trace::Status;
+use crate::wire::{ALERT_FORMAT, DEFAULT_CORRELATION_HEADER};
 use rdkafka::message::OwnedHeaders;
 use serde::Serialize;
-
-/// Format tag of alert records.
-pub const ALERT_FORMAT: &str = "tally.alert/v1";
 
 /// The alert record of a stuck or failed event on the trace topic.
 #[derive(Debug, Serialize)]
@@ -139,7 +137,7 @@ impl AlertWriter<'_> {
             partition: None,
             key: Some(key),
             payload: Some(&payload),
-            headers: OwnedHeaders::new().insert(header("correlation_id", correlation_id)),
+            headers: OwnedHeaders::new().insert(header(DEFAULT_CORRELATION_HEADER, correlation_id)),
         };
         producer.send(out).map_err(ProcessError::Kafka)?;
         self.metrics.reconcile_alerts.with_label_values(&[kind]).inc();
