@@ -5,6 +5,7 @@ use crate::config;
 use crate::engine::health::Health;
 use crate::engine::{self, Shutdown};
 use crate::metrics::{Metrics, Totals};
+use crate::reconcile::live::LiveReconciler;
 use crate::topology::{ReconcileRun, Topology};
 use anyhow::{anyhow, Context, Result};
 use std::net::SocketAddr;
@@ -72,6 +73,7 @@ fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option
             topology.clone(),
             instance_id,
             engine::Cluster::Kafka,
+            Arc::new(LiveReconciler),
             metrics.clone(),
             health.clone(),
             shutdown.clone(),

@@ -10,6 +10,7 @@ pub mod global;
 pub mod group_watch;
 pub mod headers;
 pub mod health;
+pub mod hosted;
 pub mod layout;
 pub mod member_id;
 pub mod membership;
@@ -74,6 +75,7 @@ pub async fn run(
     topology: Arc<Topology>,
     instance_id: &str,
     cluster: Cluster,
+    hosted: Arc<dyn hosted::HostedTasks>,
     metrics: Arc<Metrics>,
     health: Arc<health::Health>,
     shutdown: Shutdown,
@@ -201,6 +203,7 @@ pub async fn run(
     }
     for index in 0..topology.processing.threads {
         let cfg = stream_thread::ThreadConfig {
+            hosted: hosted.clone(),
             topology: topology.clone(),
             index,
             instance_id: instance_id.to_string(),

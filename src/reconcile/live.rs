@@ -8,6 +8,7 @@
 
 use crate::engine::emit::{Counts, Emitter, ProcessError};
 use crate::engine::errors::EngineError;
+use crate::engine::hosted::{HostedTasks, ReconcilerParts};
 use crate::engine::producer::TxnProducer;
 use crate::engine::task::Task;
 use crate::metrics::store_gauges::StoreGauges;
@@ -523,6 +524,38 @@ impl Drop for ReconcileTask {
         let _ = m.reconcile_unconsumed_records.remove_label_values(&l);
         let _ = m.reconcile_failed_events.remove_label_values(&l);
         let _ = m.reconcile_longest_wait_seconds.remove_label_values(&l);
+    }
+}
+
+/// Opens reconciler tasks for the engine (see `engine::hosted`).
+pub struct LiveReconciler;
+
+impl HostedTasks for LiveReconciler {
+    fn reconciler(&self, parts: ReconcilerParts) -> Result<Box<dyn Task>, EngineError> {
+        let t = &parts.topology;
+        let settings = t.reconcile.clone().ok_or_else(|| {
+            EngineError::Fatal(anyhow::anyhow!(
+                "no reconciler settings for trace topic `{}`",
+                parts.topic
+            ))
+        })?;
+        let watcher = settings
+            .watch
+            .clone()
+            .map(|w| Watcher::new(t, w, settings.threshold, parts.partition, parts.topic.clone()));
+        let task = ReconcileTask::new(
+            parts.name,
+            parts.partition,
+            settings,
+            parts.store,
+            parts.changelogs,
+            t.dead_letter_topic.clone(),
+            parts.metrics,
+        );
+        Ok(Box::new(match watcher {
+            Some(w) => task.watching(w),
+            None => task,
+        }))
     }
 }
 

@@ -88,6 +88,8 @@ pub struct ThreadConfig {
     pub rejoin: Arc<RejoinRequests>,
     /// The largest record this thread may produce (see `admin::write_limit`).
     pub write_limit: usize,
+    /// Opens the tasks of other modules the thread runs (the live reconciler's).
+    pub hosted: Arc<dyn super::hosted::HostedTasks>,
 }
 
 /// Runs generations (consumer + producer + tasks) until shutdown; a failed generation is

@@ -5,12 +5,11 @@
 
 use super::ThreadConfig;
 use crate::engine::errors::EngineError;
+use crate::engine::hosted::ReconcilerParts;
 use crate::engine::layout::TaskLayout;
 use crate::engine::restore::{Rebuild, Restore, RestoreSettings};
 use crate::engine::task::{PipelineTask, Sinks, Task, Work};
 use crate::processors::PipelineProcessor;
-use crate::reconcile::live::ReconcileTask;
-use crate::reconcile::watch::Watcher;
 use crate::store::{LockError, StoreError, TaskStore};
 use crate::topology::Stage;
 use anyhow::anyhow;
@@ -138,28 +137,17 @@ impl Opening {
         let not_ready = || EngineError::Fatal(anyhow!("task of `{topic}` partition {partition} has no store open"));
         let work = match self.kind {
             Kind::Reconcile(layout) => {
-                let settings = t
-                    .reconcile
-                    .clone()
-                    .ok_or_else(|| EngineError::Fatal(anyhow!("no reconciler settings for `{topic}`")))?;
-                let watcher = settings
-                    .watch
-                    .clone()
-                    .map(|w| Watcher::new(t, w, settings.threshold, partition, topic.clone()));
                 tracing::info!(task = %layout.name, topic, "task ready");
-                let task = ReconcileTask::new(
-                    layout.name,
+                let store = self.store.ok_or_else(not_ready)?;
+                return cfg.hosted.reconciler(ReconcilerParts {
+                    name: layout.name,
+                    topic,
                     partition,
-                    settings,
-                    self.store.ok_or_else(not_ready)?,
-                    layout.changelogs,
-                    t.dead_letter_topic.clone(),
-                    cfg.metrics.clone(),
-                );
-                return Ok(Box::new(match watcher {
-                    Some(w) => task.watching(w),
-                    None => task,
-                }));
+                    store,
+                    changelogs: layout.changelogs,
+                    topology: cfg.topology.clone(),
+                    metrics: cfg.metrics.clone(),
+                });
             }
             Kind::Process { layout, repartitioned } => Work::Process {
                 store: self.store.ok_or_else(not_ready)?,
