@@ -3,7 +3,6 @@
 
 use super::headers;
 use super::producer::{Outgoing, TxnProducer};
-use crate::processors::idmap::pending_key;
 use crate::processors::{Decision, Processed, Reason, Rejection};
 use crate::store::Change;
 use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
@@ -214,11 +213,7 @@ impl Emitter {
                 // Markers let every instance count what still waits for a write-back.
                 if let Some(topic) = &self.mappings_topic {
                     for p in pending {
-                        let marker = serde_json::json!({
-                            "correlation_id": corr, "idempotency_key": idempotency_key, "since_ms": now_ms,
-                        })
-                        .to_string();
-                        let key = pending_key(&p.system, &p.internal_id);
+                        let (key, marker) = p.marker(corr, idempotency_key, now_ms);
                         let out = Outgoing {
                             topic,
                             partition: None,

@@ -46,6 +46,17 @@ pub struct PendingCreate {
     pub internal_id: String,
 }
 
+impl PendingCreate {
+    /// The marker record on the mappings topic (key, JSON value) that lets every instance count
+    /// what still waits for a write-back: who is waiting, since when.
+    pub fn marker(&self, correlation_id: &str, idempotency_key: &str, since_ms: i64) -> (String, String) {
+        let value = serde_json::json!({
+            "correlation_id": correlation_id, "idempotency_key": idempotency_key, "since_ms": since_ms,
+        });
+        (pending_key(&self.system, &self.internal_id), value.to_string())
+    }
+}
+
 /// Looks up every `map_ids` entry and writes the target ids into `doc`; unknown ones become
 /// `null` and are returned as pending-create. A missing or non-scalar id field rejects; a store
 /// that cannot be read is an error of the engine, not of the record.
