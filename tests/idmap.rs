@@ -7,29 +7,6 @@ use common::*;
 use rdkafka::Message;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tally::demo::generator::GeneratedRecord;
-
-fn order(order_id: &str, customer: &str) -> GeneratedRecord {
-    let payload = serde_json::json!({
-        "event_type": "order.placed", "order_id": order_id, "status": "PLACED", "customer_id": customer
-    });
-    GeneratedRecord {
-        key: order_id.as_bytes().to_vec(),
-        payload: payload.to_string().into_bytes(),
-        headers: vec![],
-    }
-}
-
-fn write_back(crm: &str, erp: &str) -> GeneratedRecord {
-    let payload = serde_json::json!({
-        "event_type": "customer.created", "system": "erp", "external_id": erp, "source_system": "crm", "source_id": crm
-    });
-    GeneratedRecord {
-        key: format!("wb-{erp}").into_bytes(),
-        payload: payload.to_string().into_bytes(),
-        headers: vec![],
-    }
-}
 
 /// The latest value per key of the mappings topic, and how many records each key received.
 fn mappings(topic: &str) -> (BTreeMap<String, Option<String>>, BTreeMap<String, usize>) {
@@ -57,7 +34,9 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
     let customers = ["CRM-1", "CRM-2", "CRM-3"];
 
     // Phase 1: nobody knows these customers in the ERP yet.
-    let phase1: Vec<_> = (0..30).map(|i| order(&format!("O-{i:03}"), customers[i % 3])).collect();
+    let phase1: Vec<_> = (0..30)
+        .map(|i| crm_order(&format!("O-{i:03}"), customers[i % 3]))
+        .collect();
     produce(&names.input, &phase1);
     assert_eq!(wait_for_count(&names.output, 30, Duration::from_secs(120)), 30);
     let (map, _) = mappings(&names.mappings);
@@ -71,7 +50,7 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
     let mut wbs: Vec<_> = customers
         .iter()
         .enumerate()
-        .map(|(i, c)| write_back(c, &format!("ERP-{}", i + 1)))
+        .map(|(i, c)| erp_write_back(c, &format!("ERP-{}", i + 1)))
         .collect();
     wbs.extend(wbs.clone());
     produce(&names.writeback, &wbs);
@@ -109,12 +88,12 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
     }
 
     // Once recorded, a later write-back claiming another ERP id for CRM-1 must change nothing.
-    produce(&names.writeback, &[write_back("CRM-1", "ERP-999")]);
+    produce(&names.writeback, &[erp_write_back("CRM-1", "ERP-999")]);
 
     // Phase 2: give every instance's global reader a moment, then new orders.
     std::thread::sleep(Duration::from_secs(2));
     let phase2: Vec<_> = (30..60)
-        .map(|i| order(&format!("O-{i:03}"), customers[i % 3]))
+        .map(|i| crm_order(&format!("O-{i:03}"), customers[i % 3]))
         .collect();
     produce(&names.input, &phase2);
     assert_eq!(wait_for_count(&names.output, 60, Duration::from_secs(120)), 60);
@@ -168,7 +147,7 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
     // A restart with mappings present loads them (the topic ends with a commit marker, which
     // the reader once waited for forever) and enriches at once.
     let again = Tally::start_example("crm-to-erp.yaml", &names, dir.path(), "i1");
-    produce(&names.input, &[order("O-060", "CRM-2")]);
+    produce(&names.input, &[crm_order("O-060", "CRM-2")]);
     let out = read_committed(&names.output, 61, Duration::from_secs(120));
     let restarted = again.stop();
     let loaded = events(&restarted, "ID mappings loaded");
@@ -183,11 +162,11 @@ fn unmapped_customers_go_out_pending_then_every_instance_uses_the_recorded_erp_i
 
     // A SIGKILL loses nothing of the store: killed, restarted, it still enriches.
     let killed = Tally::start_example("crm-to-erp.yaml", &names, dir.path(), "i1");
-    produce(&names.input, &[order("O-061", "CRM-3")]);
+    produce(&names.input, &[crm_order("O-061", "CRM-3")]);
     read_committed(&names.output, 62, Duration::from_secs(120));
     killed.kill();
     let after_kill = Tally::start_example("crm-to-erp.yaml", &names, dir.path(), "i1");
-    produce(&names.input, &[order("O-062", "CRM-1")]);
+    produce(&names.input, &[crm_order("O-062", "CRM-1")]);
     let out = read_committed(&names.output, 63, Duration::from_secs(120));
     let lines = after_kill.stop();
     assert_eq!(enriched(&out, "O-061"), Some("ERP-3".to_string()));

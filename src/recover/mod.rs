@@ -5,3 +5,4 @@ pub mod inspect;
 pub mod redrive;
 pub mod reset;
 pub mod state;
+pub mod surgery;

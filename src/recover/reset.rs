@@ -43,25 +43,7 @@ impl Plan {
 
 /// Works out the plan, refusing while the group has members.
 pub fn plan(t: &Topology) -> Result<Plan> {
-    let config = clients::base(t);
-    let consumer: BaseConsumer = config.create().context("cannot create a Kafka client")?;
-    let groups = consumer
-        .fetch_group_list(Some(&t.application_id), TIMEOUT)
-        .context("cannot describe the consumer group")?;
-    let members: Vec<String> = groups
-        .groups()
-        .iter()
-        .flat_map(|g| g.members())
-        .map(|m| format!("{} ({})", m.client_id(), m.client_host()))
-        .collect();
-    if !members.is_empty() {
-        bail!(
-            "the group `{}` has {} live member(s): {}; stop every instance first",
-            t.application_id,
-            members.len(),
-            members.join(", ")
-        );
-    }
+    let consumer = refuse_live_members(t)?;
     let metadata = consumer
         .fetch_metadata(None, TIMEOUT)
         .context("cannot list the cluster's topics")?;
@@ -82,6 +64,30 @@ pub fn plan(t: &Topology) -> Result<Plan> {
         topics,
         state_dir: dir.exists().then_some(dir),
     })
+}
+
+/// Refuses while the application's consumer group has live members, naming them; returns the
+/// client it asked with, for more questions.
+pub fn refuse_live_members(t: &Topology) -> Result<BaseConsumer> {
+    let consumer: BaseConsumer = clients::base(t).create().context("cannot create a Kafka client")?;
+    let groups = consumer
+        .fetch_group_list(Some(&t.application_id), TIMEOUT)
+        .context("cannot describe the consumer group")?;
+    let members: Vec<String> = groups
+        .groups()
+        .iter()
+        .flat_map(|g| g.members())
+        .map(|m| format!("{} ({})", m.client_id(), m.client_host()))
+        .collect();
+    if !members.is_empty() {
+        bail!(
+            "the group `{}` has {} live member(s): {}; stop every instance first",
+            t.application_id,
+            members.len(),
+            members.join(", ")
+        );
+    }
+    Ok(consumer)
 }
 
 /// Carries the plan out.

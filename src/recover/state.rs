@@ -20,36 +20,86 @@ pub fn sightings(t: &Topology, reader: &ClientConfig, keys: &[String], entities:
     let mut found = Vec::new();
     for p in &t.pipelines {
         for kind in p.store_kinds() {
-            let wanted = wanted(p, kind, keys, entities);
-            if wanted.is_empty() {
-                continue;
+            for e in entries(t, reader, p, kind, keys, entities)? {
+                found.push(Sighting {
+                    kind: "state",
+                    at: format!("{}/{}/{}", e.topic, e.partition, e.offset),
+                    timestamp_ms: e.timestamp_ms,
+                    detail: format!(
+                        "store {}, key {}: {}",
+                        e.store,
+                        e.text,
+                        describe(kind, e.value.as_deref())
+                    ),
+                });
             }
-            let store = p.store_name(kind);
-            let topic = t.changelog_topic(&store);
-            let mut latest: BTreeMap<Vec<u8>, Sighting> = BTreeMap::new();
-            read_to_end(reader, &topic, &mut |m| {
-                let Some(text) = m.key().and_then(|k| wanted.get(k)) else {
-                    return Ok(());
-                };
-                let detail = format!("store {store}, key {text}: {}", describe(kind, m.payload()));
-                let at = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
-                let timestamp_ms = m.timestamp().to_millis().unwrap_or(0);
-                latest.insert(
-                    m.key().map(<[u8]>::to_vec).unwrap_or_default(),
-                    Sighting {
-                        kind: "state",
-                        at,
-                        timestamp_ms,
-                        detail,
-                    },
-                );
-                Ok(())
-            })
-            .with_context(|| format!("reading the changelog `{topic}` of store {store}"))?;
-            found.extend(latest.into_values());
         }
     }
     Ok(found)
+}
+
+/// The latest changelog record of a store key.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The store.
+    pub store: String,
+    /// What it holds.
+    pub kind: StoreKind,
+    /// Its changelog topic.
+    pub topic: String,
+    /// The changelog partition holding the key (the task's partition).
+    pub partition: i32,
+    /// The record's offset.
+    pub offset: i64,
+    /// Its timestamp, ms since the epoch.
+    pub timestamp_ms: i64,
+    /// The key as stored.
+    pub stored: Vec<u8>,
+    /// The key as trace records and logs show it.
+    pub text: String,
+    /// The value; `None` for a tombstone (the key deleted).
+    pub value: Option<Vec<u8>>,
+}
+
+/// The latest changelog records of `p`'s store of `kind` for idempotency keys `keys` or
+/// entity keys `entities`, read to the changelog's end: what every instance restores.
+pub fn entries(
+    t: &Topology,
+    reader: &ClientConfig,
+    p: &Pipeline,
+    kind: StoreKind,
+    keys: &[String],
+    entities: &[String],
+) -> Result<Vec<Entry>> {
+    let wanted = wanted(p, kind, keys, entities);
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let store = p.store_name(kind);
+    let topic = t.changelog_topic(&store);
+    let mut latest: BTreeMap<Vec<u8>, Entry> = BTreeMap::new();
+    read_to_end(reader, &topic, &mut |m| {
+        let (Some(key), Some(text)) = (m.key(), m.key().and_then(|k| wanted.get(k))) else {
+            return Ok(());
+        };
+        latest.insert(
+            key.to_vec(),
+            Entry {
+                store: store.clone(),
+                kind,
+                topic: topic.clone(),
+                partition: m.partition(),
+                offset: m.offset(),
+                timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+                stored: key.to_vec(),
+                text: text.clone(),
+                value: m.payload().map(<[u8]>::to_vec),
+            },
+        );
+        Ok(())
+    })
+    .with_context(|| format!("reading the changelog `{topic}` of store {store}"))?;
+    Ok(latest.into_values().collect())
 }
 
 /// The stored keys to look for in `p`'s store of `kind`, with the readable key each stands for.
@@ -77,7 +127,7 @@ fn wanted(p: &Pipeline, kind: StoreKind, keys: &[String], entities: &[String]) -
 }
 
 /// One store value in words.
-fn describe(kind: StoreKind, value: Option<&[u8]>) -> String {
+pub fn describe(kind: StoreKind, value: Option<&[u8]>) -> String {
     let Some(bytes) = value else {
         return "deleted (expired, reset or forgotten)".to_string();
     };

@@ -689,3 +689,27 @@ pub fn trace_record(event_id: &str, correlation_id: &str, status: &str, at_ms: i
         headers: vec![("correlation_id".into(), correlation_id.into())],
     }
 }
+
+/// An order of `topologies/crm-to-erp.yaml` for CRM customer `customer`.
+pub fn crm_order(order_id: &str, customer: &str) -> GeneratedRecord {
+    let payload = serde_json::json!({
+        "event_type": "order.placed", "order_id": order_id, "status": "PLACED", "customer_id": customer
+    });
+    GeneratedRecord {
+        key: order_id.as_bytes().to_vec(),
+        payload: payload.to_string().into_bytes(),
+        headers: vec![],
+    }
+}
+
+/// The ERP's write-back that CRM customer `crm` is ERP customer `erp`.
+pub fn erp_write_back(crm: &str, erp: &str) -> GeneratedRecord {
+    let payload = serde_json::json!({
+        "event_type": "customer.created", "system": "erp", "external_id": erp, "source_system": "crm", "source_id": crm
+    });
+    GeneratedRecord {
+        key: format!("wb-{erp}").into_bytes(),
+        payload: payload.to_string().into_bytes(),
+        headers: vec![],
+    }
+}
