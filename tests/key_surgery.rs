@@ -170,7 +170,10 @@ fn a_wrong_first_write_back_is_corrected_for_every_later_event() {
             .any(|m| rdkafka::Message::key(m) == Some(b"ext/erp/ERP-WRONG".as_slice()))
     };
     while !recorded() {
-        assert!(std::time::Instant::now() < deadline, "the write-back was never recorded");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write-back was never recorded"
+        );
     }
     produce(&names.input, &[crm_order("O-1", "CRM-1")]);
     let out = read_committed(&names.output, 1, Duration::from_secs(60));
