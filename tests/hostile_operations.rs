@@ -79,6 +79,99 @@ fn a_corrupt_task_store_is_moved_aside_rebuilt_from_its_changelog_and_counted() 
     assert_eq!(aside, 2, "the damaged databases are kept for a look, not deleted");
 }
 
+#[test]
+fn an_unreadable_stored_value_is_rebuilt_from_its_changelog_and_one_the_changelog_holds_stops_tally_with_the_fix() {
+    let names = Names::new("unreadable-value");
+    create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology_with(dir.path(), &names, 4096, false);
+    produce(&names.input, &payments(0..20));
+    let first = Tally::start(&topology, "i1", dir.path().join("first.log"));
+    assert_eq!(read_committed(&names.output, 20, Duration::from_secs(90)).len(), 20);
+    first.stop();
+
+    // Every stored value on disk gets a format byte no tally writes (a damaged disk).
+    let app_dir = dir.path().join("state").join(&names.app);
+    let task_dir = std::fs::read_dir(&app_dir)
+        .expect("state dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("CURRENT").exists())
+        .expect("the task's database");
+    assert_eq!(overwrite_stored_values(&task_dir, &[0xEE]), 20);
+
+    // The same 20 payments again and 5 new ones: the rebuilt store must still know the 20.
+    produce(&names.input, &payments(0..25));
+    let second = Tally::start(&topology, "i1", dir.path().join("second.log"));
+    read_committed(&names.output, 25, Duration::from_secs(90));
+    std::thread::sleep(Duration::from_secs(3));
+    let lines = second.stop();
+    assert!(
+        !events(
+            &lines,
+            "a task's state cannot be read; rebuilding it from its changelog"
+        )
+        .is_empty(),
+        "the damage is found and said"
+    );
+    let out = read_committed(&names.output, 25, Duration::from_secs(20));
+    let keys: std::collections::BTreeSet<String> = out.iter().map(business_key).collect();
+    assert_eq!((out.len(), keys.len()), (25, 25), "nothing lost, nothing doubled");
+    let aside = std::fs::read_dir(&app_dir)
+        .expect("state dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .count();
+    assert_eq!(aside, 1, "the damaged directory is kept for a look");
+
+    // The same damage written into the changelog comes back after every rebuild: tally stops
+    // and says how to remove the key, instead of rebuilding in a loop.
+    let changelog = names.changelog("payments");
+    let last = read_committed(&changelog, 1, Duration::from_secs(20))
+        .into_iter()
+        .last()
+        .expect("a changelog record");
+    let damaged = GeneratedRecord {
+        key: rdkafka::Message::key(&last).expect("changelog key").to_vec(),
+        payload: vec![0xEE],
+        headers: Vec::new(),
+    };
+    produce_to(&changelog, 0, &[damaged]);
+    produce(&names.input, &payments(0..25));
+    let mut third = Tally::start(&topology, "i1", dir.path().join("third.log"));
+    let status = third
+        .exit_within(Duration::from_secs(120))
+        .expect("tally stops on its own");
+    assert!(!status.success(), "a stop for an operator, not a clean one");
+    let log = std::fs::read_to_string(dir.path().join("third.log")).expect("log");
+    assert!(
+        log.contains("tally reset") && log.contains("--key"),
+        "names the command that removes the key: {log}"
+    );
+    let out = read_committed(&names.output, 25, Duration::from_secs(20));
+    assert_eq!(out.len(), 25, "nothing written twice meanwhile");
+}
+
+/// Replaces every value of every store in the task database at `dir` (not its changelog
+/// offsets) with `value`; returns how many it replaced.
+fn overwrite_stored_values(dir: &std::path::Path, value: &[u8]) -> usize {
+    let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir).expect("column families");
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, &families).expect("opens");
+    let mut replaced = 0;
+    for family in families.iter().filter(|f| !["default", "meta"].contains(&f.as_str())) {
+        let cf = db.cf_handle(family).expect("family");
+        let keys: Vec<Box<[u8]>> = db
+            .iterator_cf(cf, rocksdb::IteratorMode::Start)
+            .map(|entry| entry.expect("entry").0)
+            .collect();
+        for key in keys {
+            db.put_cf(cf, &key, value).expect("put");
+            replaced += 1;
+        }
+    }
+    replaced
+}
+
 /// A tmpfs of `megabytes` mounted at `dir` (root only), unmounted when dropped.
 struct SmallFilesystem {
     dir: std::path::PathBuf,

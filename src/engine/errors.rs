@@ -1,4 +1,5 @@
-//! The one place Kafka errors are classified, as librdkafka defines them.
+//! The one place Kafka errors are classified, as librdkafka defines them, and the domains of
+//! the errors that end a stream thread's generation, each with what the thread does next.
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
@@ -141,7 +142,9 @@ pub fn recovery(err: KafkaError, step: TxnStep) -> Recovery {
     let class = classify(&err);
     let requires_abort = matches!(&err, KafkaError::Transaction(e) if e.txn_requires_abort());
     match (class, step) {
-        (ErrorClass::Fenced, _) => Recovery::Restart(EngineError::TaskMigrated(format!("{step:?}: {err}"))),
+        (ErrorClass::Fenced, _) => Recovery::Restart(EngineError::TaskMigrated(
+            anyhow::Error::new(err).context(format!("{step:?} in the transaction")),
+        )),
         (ErrorClass::Refused, _) => {
             Recovery::Restart(EngineError::refused(err, &format!("{step:?} in the transaction")))
         }
@@ -149,10 +152,10 @@ pub fn recovery(err: KafkaError, step: TxnStep) -> Recovery {
         (ErrorClass::Abortable | ErrorClass::Retriable, TxnStep::Produce | TxnStep::SendOffsets) => {
             Recovery::AbortAndRewind
         }
-        (_, TxnStep::EndTxn) => Recovery::Restart(EngineError::Fatal(
+        (_, TxnStep::EndTxn) => Recovery::Restart(EngineError::Transient(
             anyhow::Error::new(err).context("committing the transaction (outcome unknown)"),
         )),
-        (ErrorClass::Fatal, _) => Recovery::Restart(EngineError::Fatal(
+        (ErrorClass::Fatal, _) => Recovery::Restart(EngineError::Transient(
             anyhow::Error::new(err).context(format!("{step:?} in the transaction")),
         )),
     }
@@ -178,28 +181,75 @@ pub fn storage_full(err: &anyhow::Error) -> bool {
     })
 }
 
-/// Why a stream thread's generation ended.
+/// Why a stream thread's generation ended, by domain: who can fix it decides what the thread
+/// does next. The fourth domain, data (a record that cannot be processed), never ends a
+/// generation: it costs one dead letter ([`crate::processors::Rejection`]).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    /// The tasks moved to another instance (fenced producer, lost membership).
-    #[error("tasks migrated: {0}")]
-    TaskMigrated(String),
-    /// A client or store failure that needs fresh clients; retried after a backoff.
+    /// Not a failure: another member owns the tasks now (a fenced producer, a lost membership).
+    /// The tasks close and the thread rejoins at once.
+    #[error("tasks migrated: {0:#}")]
+    TaskMigrated(anyhow::Error),
+    /// External and transient: the cluster or a client failed in a way that passes (a broker
+    /// away, a call timed out). The thread starts fresh clients after a growing backoff.
     #[error("stream thread failed: {0:#}")]
-    Fatal(anyhow::Error),
-    /// The cluster refused this instance's principal: the instance stops (see
-    /// [`ErrorClass::Refused`]).
+    Transient(anyhow::Error),
+    /// User or configuration: only an operator can fix it (credentials, an ACL, client
+    /// settings, a full volume). The instance stops, and `/health/live` fails with the fix.
     #[error("{0:#}")]
-    Refused(anyhow::Error),
+    Config(anyhow::Error),
+    /// Internal: a task's local state cannot be read (a stored value this tally cannot decode).
+    /// The task's directory is moved aside and restored from its changelog; when the value
+    /// comes back from the changelog, the instance stops and says how to remove it.
+    #[error("corrupt state in {}: {source:#}", dir.display())]
+    Corrupt {
+        /// The task's state directory.
+        dir: std::path::PathBuf,
+        /// What could not be read.
+        source: anyhow::Error,
+    },
+    /// Internal: an invariant of tally broke (a bug). The generation restarts from what Kafka
+    /// committed after a backoff; the log asks for a report.
+    #[error("internal error (a bug in tally; please report it with this log): {0:#}")]
+    Internal(anyhow::Error),
 }
 
 impl EngineError {
+    /// A task migration for `why`.
+    pub fn migrated(why: impl std::fmt::Display) -> Self {
+        EngineError::TaskMigrated(anyhow::anyhow!("{why}"))
+    }
+
     /// Maps a Kafka error that could not be handled in place, with context.
     pub fn from_kafka(err: KafkaError, during: &str) -> Self {
+        if let KafkaError::ClientCreation(why) = &err {
+            let why = why.clone();
+            return EngineError::Config(anyhow::Error::new(err).context(format!(
+                "{during}: the Kafka client settings are invalid ({why}); fix them in `kafka.properties` or \
+                 the topology's `kafka` section, then start tally again"
+            )));
+        }
         match classify(&err) {
-            ErrorClass::Fenced => EngineError::TaskMigrated(format!("{during}: {err}")),
+            ErrorClass::Fenced => EngineError::TaskMigrated(anyhow::Error::new(err).context(during.to_string())),
             ErrorClass::Refused => EngineError::refused(err, during),
-            _ => EngineError::Fatal(anyhow::Error::new(err).context(during.to_string())),
+            _ => EngineError::Transient(anyhow::Error::new(err).context(during.to_string())),
+        }
+    }
+
+    /// Maps a failure that may wrap a Kafka error or a full filesystem, with context: the
+    /// domain of the first cause that has one, else transient.
+    pub fn from_any(err: anyhow::Error, during: &str) -> Self {
+        if storage_full(&err) {
+            return EngineError::Config(err.context(format!(
+                "{during}: the state directory's filesystem is full: free space or give it a larger volume, \
+                 then start tally again (committed work is safe: the stores catch up from their changelogs)"
+            )));
+        }
+        let kafka = err.chain().find_map(|c| c.downcast_ref::<KafkaError>()).cloned();
+        match kafka.map(|k| EngineError::from_kafka(k, during)) {
+            Some(EngineError::TaskMigrated(_)) => EngineError::TaskMigrated(err.context(during.to_string())),
+            Some(EngineError::Config(fix)) => EngineError::Config(fix),
+            _ => EngineError::Transient(err.context(during.to_string())),
         }
     }
 
@@ -211,7 +261,7 @@ impl EngineError {
             _ => "refused this instance's principal",
         };
         let fix = err.rdkafka_error_code().map_or(GENERIC_FIX, refusal_fix);
-        EngineError::Refused(anyhow::Error::new(err).context(format!(
+        EngineError::Config(anyhow::Error::new(err).context(format!(
             "{during}: the Kafka cluster {what}; {fix}, then start tally again"
         )))
     }
@@ -280,7 +330,7 @@ mod tests {
         let timed_out = KafkaError::MessageProduction(RDKafkaErrorCode::OperationTimedOut);
         assert!(matches!(
             recovery(timed_out.clone(), TxnStep::EndTxn),
-            Recovery::Restart(EngineError::Fatal(_))
+            Recovery::Restart(EngineError::Transient(_))
         ));
         assert!(matches!(
             recovery(timed_out, TxnStep::SendOffsets),
@@ -315,7 +365,7 @@ mod tests {
             (RDKafkaErrorCode::TopicAuthorizationFailed, "topic ACLs"),
             (RDKafkaErrorCode::SaslAuthenticationFailed, "`sasl.password`"),
         ] {
-            let Recovery::Restart(EngineError::Refused(e)) =
+            let Recovery::Restart(EngineError::Config(e)) =
                 recovery(KafkaError::MessageProduction(denied), TxnStep::EndTxn)
             else {
                 panic!("{denied:?}: a refusal stops the instance, no retry, no rejoin");
@@ -331,6 +381,41 @@ mod tests {
             "commit",
         );
         assert!(matches!(e, EngineError::TaskMigrated(_)));
+    }
+
+    #[test]
+    fn each_failure_lands_in_the_domain_of_who_can_fix_it() {
+        let settings = KafkaError::ClientCreation("Invalid value \"x\" for configuration property \"acks\"".into());
+        let EngineError::Config(e) = EngineError::from_kafka(settings, "creating the consumer") else {
+            panic!("invalid client settings need an operator");
+        };
+        assert!(format!("{e:#}").contains("kafka.properties"), "it names the fix: {e:#}");
+        let full = anyhow::Error::new(std::io::Error::from(std::io::ErrorKind::StorageFull)).context("writing");
+        let EngineError::Config(e) = EngineError::from_any(full, "committing the store") else {
+            panic!("a full filesystem needs an operator");
+        };
+        assert!(format!("{e:#}").contains("free space"), "{e:#}");
+        let denied = anyhow::Error::new(KafkaError::MetadataFetch(RDKafkaErrorCode::TopicAuthorizationFailed))
+            .context("reading the changelog");
+        assert!(matches!(
+            EngineError::from_any(denied, "restoring"),
+            EngineError::Config(_)
+        ));
+        let fenced = anyhow::Error::new(KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced))
+            .context("reading the changelog");
+        assert!(matches!(
+            EngineError::from_any(fenced, "restoring"),
+            EngineError::TaskMigrated(_)
+        ));
+        let away = anyhow::Error::new(KafkaError::MetadataFetch(RDKafkaErrorCode::AllBrokersDown));
+        assert!(matches!(
+            EngineError::from_any(away, "restoring"),
+            EngineError::Transient(_)
+        ));
+        assert!(matches!(
+            EngineError::from_any(anyhow::anyhow!("connection reset"), "restoring"),
+            EngineError::Transient(_)
+        ));
     }
 
     #[test]

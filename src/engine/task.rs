@@ -9,6 +9,7 @@ use super::producer::{Outgoing, TxnProducer};
 use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::dedup;
+use crate::processors::state::StateError;
 use crate::processors::{Input, PipelineProcessor, Rejection};
 use crate::store::TaskStore;
 use crate::topology::StoreKind;
@@ -159,7 +160,7 @@ impl PipelineTask {
             return Ok(0);
         };
         let step = dedup::expire(store, index, now_ms, retention, self.expiry_cursor.as_deref(), batch)
-            .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
+            .map_err(|e| ProcessError::Engine(state_failure(store.dir(), e)))?;
         self.emit.changes(producer, changelogs, store.take_changes())?;
         self.emit.counts.expired += step.deleted as u64;
         self.expiry_cursor = step.resume_after;
@@ -190,6 +191,15 @@ impl Task for PipelineTask {
             Ok(sizes) => gauges.set(&sizes),
             Err(e) => tracing::warn!(task = %task, error = %e, "cannot read store sizes for metrics"),
         }
+    }
+
+    /// Sends any store change not yet on its way to the changelog, so the commit that follows
+    /// never meets an unlogged write, whichever path made it.
+    fn flush(&mut self, producer: &mut TxnProducer) -> Result<(), ProcessError> {
+        if let Work::Process { store, changelogs, .. } = &mut self.work {
+            self.emit.changes(producer, changelogs, store.take_changes())?;
+        }
+        Ok(())
     }
 
     fn next_offset(&self) -> Option<i64> {
@@ -265,7 +275,7 @@ impl Task for PipelineTask {
                 let processed = self
                     .processor
                     .process(&input, store)
-                    .map_err(|e| ProcessError::Engine(EngineError::Fatal(anyhow::Error::new(e))))?;
+                    .map_err(|e| ProcessError::Engine(state_failure(store.dir(), e)))?;
                 // The source's place (headers after a repartition) is read once, and only when a
                 // trace record or a dead letter needs it.
                 let place = OnceCell::new();
@@ -280,7 +290,7 @@ impl Task for PipelineTask {
                 }
                 emit.changes(producer, changelogs, store.take_changes())?;
                 if faults::hit(Point::RecordFailsMidway) {
-                    return Err(ProcessError::Engine(EngineError::Fatal(anyhow::anyhow!(
+                    return Err(ProcessError::Engine(EngineError::Transient(anyhow::anyhow!(
                         "injected fault: record fails after its changelog records"
                     ))));
                 }
@@ -335,9 +345,9 @@ impl Task for PipelineTask {
                 .enumerate()
                 .filter_map(|(i, topic)| delivered.get(&(topic.clone(), partition)).map(|&o| (i, o)))
                 .collect();
-            store.commit(&offsets).map_err(|e| {
-                EngineError::Fatal(anyhow::Error::new(e).context("store write after a committed transaction"))
-            })?;
+            store
+                .commit(&offsets)
+                .map_err(|e| store_failure(e, "store write after a committed transaction"))?;
         }
         self.next_offset = None;
         Ok(std::mem::take(&mut self.emit.counts))
@@ -373,5 +383,64 @@ fn input_of<'a>(msg: &'a BorrowedMessage<'_>, correlation_header: &str) -> Input
         correlation_header: headers::text(msg, correlation_header),
         coordinates: (msg.topic(), msg.partition(), msg.offset()),
         now_ms: now_ms(),
+    }
+}
+
+/// The domain of a strategy's failure to read or write the state of the task in `dir`.
+fn state_failure(dir: &std::path::Path, e: StateError) -> EngineError {
+    match e {
+        StateError::Codec { .. } => EngineError::Corrupt {
+            dir: dir.to_path_buf(),
+            source: e.into(),
+        },
+        StateError::MissingStore(_) => EngineError::Internal(e.into()),
+        StateError::Store(e) => store_failure(e, "reading the task's state"),
+    }
+}
+
+/// The domain of a store failure: writes never logged are a bug, the rest RocksDB's or the
+/// filesystem's (a full one stops the instance).
+pub fn store_failure(e: crate::store::StoreError, during: &str) -> EngineError {
+    match e {
+        crate::store::StoreError::Unlogged(..) => {
+            EngineError::Internal(anyhow::Error::new(e).context(during.to_string()))
+        }
+        e => EngineError::from_any(anyhow::Error::new(e), during),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::codec::CodecError;
+    use crate::store::StoreError;
+    use std::path::{Path, PathBuf};
+
+    #[test]
+    fn an_unreadable_value_is_corrupt_state_of_its_task_and_the_rest_keeps_its_domain() {
+        let dir = Path::new("/state/app/payments-0");
+        let unreadable = StateError::Codec {
+            store: "dedup".into(),
+            key: "p-1:SETTLED".into(),
+            source: CodecError::UnknownFormat(9),
+        };
+        match state_failure(dir, unreadable) {
+            EngineError::Corrupt { dir: d, source } => {
+                assert_eq!(d, dir);
+                assert!(format!("{source:#}").contains("p-1:SETTLED"), "{source:#}");
+            }
+            other => panic!("expected corrupt state, got {other:?}"),
+        }
+        assert!(matches!(
+            state_failure(dir, StateError::MissingStore("dedup")),
+            EngineError::Internal(_)
+        ));
+        let unlogged = StateError::Store(StoreError::Unlogged(PathBuf::from(dir), 3));
+        assert!(matches!(state_failure(dir, unlogged), EngineError::Internal(_)));
+        let full = StateError::Store(StoreError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+        });
+        assert!(matches!(state_failure(dir, full), EngineError::Config(_)));
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::store::codec::{self, CodecError};
 use crate::store::{StoreError, TaskStore};
-use crate::topology::template::STORED_KEY_START;
+use crate::topology::template::{readable_key, STORED_KEY_START};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -79,7 +79,7 @@ pub fn read<T: DeserializeOwned>(store: &TaskStore, index: usize, key: &str) -> 
 pub fn decode<T: DeserializeOwned>(store: &TaskStore, index: usize, key: &[u8], bytes: &[u8]) -> Result<T, StateError> {
     codec::decode(bytes).map_err(|source| StateError::Codec {
         store: store.name(index).to_string(),
-        key: String::from_utf8_lossy(key).into_owned(),
+        key: readable_key(&String::from_utf8_lossy(key)),
         source,
     })
 }

@@ -257,7 +257,7 @@ impl ReconcileTask {
 
     /// The committed entry of an event, and whether there is one (readable or not).
     fn stored_entry(&self, key: &[u8]) -> Result<(Option<OpenEvent>, bool), ProcessError> {
-        let Some(bytes) = self.store.get(0, key).map_err(fatal)? else {
+        let Some(bytes) = self.store.get(0, key).map_err(store_failed)? else {
             return Ok((None, false));
         };
         match codec::decode(&bytes) {
@@ -282,7 +282,7 @@ impl ReconcileTask {
     fn write_pending(&mut self) -> Result<(), ProcessError> {
         for (key, p) in std::mem::take(&mut self.txn) {
             match p.open {
-                Some(open) => self.store.put(0, &key, codec::encode(&open).map_err(fatal)?),
+                Some(open) => self.store.put(0, &key, codec::encode(&open).map_err(store_failed)?),
                 None if p.stored => self.store.delete(0, &key),
                 None => {}
             }
@@ -311,11 +311,11 @@ impl ReconcileTask {
         let mut candidates = Vec::new();
         let mut last = None;
         let mut seen = 0;
-        for entry in self.store.scan_after(0, pass.cursor.as_deref()).map_err(fatal)? {
+        for entry in self.store.scan_after(0, pass.cursor.as_deref()).map_err(store_failed)? {
             if seen == batch {
                 break;
             }
-            let (key, value) = entry.map_err(fatal)?;
+            let (key, value) = entry.map_err(store_failed)?;
             seen += 1;
             if let Ok(open) = codec::decode::<OpenEvent>(&value) {
                 let age = clock_ms.saturating_sub(open.first_seen_ms);
@@ -411,8 +411,10 @@ fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn<'_>>, Rejection> {
     ))
 }
 
-pub(super) fn fatal(e: impl Into<anyhow::Error>) -> ProcessError {
-    ProcessError::Engine(EngineError::Fatal(e.into().context("live reconciler store")))
+/// A failure of the reconciler's store or of encoding its records: the generation ends (a full
+/// filesystem stops the instance).
+pub(super) fn store_failed(e: impl Into<anyhow::Error>) -> ProcessError {
+    ProcessError::Engine(EngineError::from_any(e.into(), "live reconciler store"))
 }
 
 impl Task for ReconcileTask {
@@ -458,9 +460,9 @@ impl Task for ReconcileTask {
             .enumerate()
             .filter_map(|(i, t)| delivered.get(&(t.clone(), self.emit.partition)).map(|&o| (i, o)))
             .collect();
-        self.store.commit(&offsets).map_err(|e| {
-            EngineError::Fatal(anyhow::Error::new(e).context("store write after a committed transaction"))
-        })?;
+        self.store
+            .commit(&offsets)
+            .map_err(|e| crate::engine::task::store_failure(e, "store write after a committed transaction"))?;
         self.next_offset = None;
         // Dead letters count under the reconciler's label; trace records are not business input.
         Ok(std::mem::take(&mut self.emit.counts))
@@ -534,7 +536,7 @@ impl HostedTasks for LiveReconciler {
     fn reconciler(&self, parts: ReconcilerParts) -> Result<Box<dyn Task>, EngineError> {
         let t = &parts.topology;
         let settings = t.reconcile.clone().ok_or_else(|| {
-            EngineError::Fatal(anyhow::anyhow!(
+            EngineError::Internal(anyhow::anyhow!(
                 "no reconciler settings for trace topic `{}`",
                 parts.topic
             ))

@@ -10,4 +10,4 @@ pub mod task_store;
 pub use env::StoreEnv;
 pub use global::GlobalMappings;
 pub use lock::{LockError, TaskLock};
-pub use task_store::{Change, StoreError, StoreSize, TaskStore};
+pub use task_store::{set_aside, Change, StoreError, StoreSize, TaskStore};

@@ -80,7 +80,7 @@ pub enum StoreError {
 
 /// Moves a database RocksDB reports corrupt to `<dir>.corrupt-<ms since the epoch>`, for an
 /// operator to look at until the stale-directory cleaner removes it; returns where it went.
-pub(super) fn move_aside(dir: &Path, error: &rocksdb::Error) -> Result<PathBuf, StoreError> {
+pub(super) fn move_aside(dir: &Path, error: &dyn std::fmt::Display) -> Result<PathBuf, StoreError> {
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -91,6 +91,13 @@ pub(super) fn move_aside(dir: &Path, error: &rocksdb::Error) -> Result<PathBuf, 
         source,
     })?;
     Ok(aside)
+}
+
+/// Moves a task directory whose state cannot be read aside (see [`move_aside`]), so the task's
+/// next opening restores it from its changelog. Refused while a store holds the directory.
+pub fn set_aside(dir: &Path, why: &dyn std::fmt::Display) -> Result<PathBuf, StoreError> {
+    let _held = TaskLock::try_acquire(dir)?;
+    move_aside(dir, why)
 }
 
 /// All stores of one task, with uncommitted writes kept in memory.

@@ -245,6 +245,31 @@ fn push_stored(stored: &mut String, kind: char, content: &str) {
     stored.push('\0');
 }
 
+/// The readable form of a stored key (its parts' texts joined), for logs and errors; a key
+/// that is not a stored key (a text key an earlier version wrote) is shown as it is.
+pub fn readable_key(stored: &str) -> String {
+    let Some(parts) = stored.strip_prefix(STORED_KEY_START) else {
+        return stored.to_string();
+    };
+    let mut text = String::with_capacity(parts.len());
+    let mut chars = parts.chars();
+    // Each part: its kind, its escaped text, a NUL.
+    while chars.next().is_some() {
+        loop {
+            match chars.next() {
+                None | Some('\0') => break,
+                Some('\\') => match chars.next() {
+                    Some('0') => text.push('\0'),
+                    Some(other) => text.push(other),
+                    None => break,
+                },
+                Some(c) => text.push(c),
+            }
+        }
+    }
+    text
+}
+
 /// The first character of every stored key. Stores written by earlier versions hold text keys,
 /// which start with it only when their first part is a field whose value starts with NUL.
 pub const STORED_KEY_START: char = '\0';
@@ -451,6 +476,16 @@ mod tests {
             "no saturation"
         );
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
+    }
+
+    #[test]
+    fn a_stored_key_reads_back_as_its_text_and_a_text_key_as_itself() {
+        let t: KeyTemplate = "{a}:{b}".parse().expect("template");
+        let doc = serde_json::json!({"a": "x\\y:", "b": "nul\u{0}z"});
+        let key = t.render_key(doc.as_object().expect("object")).expect("renders");
+        assert_eq!(readable_key(&key.stored), key.text);
+        assert_eq!(readable_key("P-1:PAID"), "P-1:PAID");
+        assert_eq!(readable_key("\0f"), "", "a cut-off key reads as far as it goes");
     }
 
     #[test]

@@ -1,51 +1,194 @@
-//! The stream thread's transaction: when it commits, the commit in its steps, the abort that
-//! rewinds, and the poison that ends a generation.
+//! The stream thread's side of its transaction: the real clients and tasks the protocol
+//! (`engine/txn/protocol.rs`) acts on, when a commit is due, and the metrics of each outcome.
 
 use super::{StreamContext, ThreadState, KAFKA_TIMEOUT, MAX_RECORDS_PER_TRANSACTION, POLL};
 use crate::engine::emit::{Counts, ProcessError};
-use crate::engine::errors::{recovery, EngineError, Recovery, TxnStep};
+use crate::engine::errors::{EngineError, TxnStep};
 use crate::engine::member_id;
+use crate::engine::producer::TxnProducer;
+use crate::engine::purge::Purger;
 use crate::engine::task::Task;
-use crate::engine::txn::Phase;
+use crate::engine::txn::protocol::Transaction;
+use crate::engine::txn::{Clients, CommitFailure, Delivered, Outcome, Partition, Tasks};
 use crate::metrics::Metrics;
-use anyhow::anyhow;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
+use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How long a commit of writes alone may wait for the group's committed offsets.
-const FENCE_LOOKUP: Duration = Duration::from_secs(10);
+/// How long a look-up of the group's committed offsets may wait.
+const OFFSET_LOOKUP: Duration = Duration::from_secs(10);
+
+/// The thread's transactional producer and group consumer.
+struct Kafka<'a> {
+    producer: &'a mut TxnProducer,
+    consumer: &'a BaseConsumer<StreamContext>,
+}
+
+impl Clients for Kafka<'_> {
+    type Producer = TxnProducer;
+
+    fn producer(&mut self) -> &mut TxnProducer {
+        self.producer
+    }
+
+    fn member_id(&self) -> String {
+        member_id::of(self.consumer)
+    }
+
+    fn in_transaction(&self) -> bool {
+        self.producer.in_transaction()
+    }
+
+    fn commit(&mut self, offsets: &[(Partition, i64)]) -> Result<Delivered, CommitFailure> {
+        let mut list = TopicPartitionList::new();
+        for ((topic, partition), next) in offsets {
+            list.add_partition_offset(topic, *partition, Offset::Offset(*next))
+                .map_err(|e| CommitFailure::Kafka(e, TxnStep::SendOffsets))?;
+        }
+        let group = self.consumer.group_metadata().ok_or(CommitFailure::NotInGroup)?;
+        self.producer
+            .commit(&list, &group)
+            .map_err(|(e, step)| CommitFailure::Kafka(e, step))
+    }
+
+    fn abort(&mut self) -> KafkaResult<()> {
+        self.producer.abort()
+    }
+
+    fn committed_offsets(&self, partitions: &[Partition]) -> KafkaResult<HashMap<Partition, i64>> {
+        let mut asked = TopicPartitionList::new();
+        for (topic, partition) in partitions {
+            asked.add_partition(topic, *partition);
+        }
+        let found = self.consumer.committed_offsets(asked, OFFSET_LOOKUP)?;
+        Ok(found
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn seek(&self, (topic, partition): &Partition, offset: i64) -> KafkaResult<()> {
+        self.consumer
+            .seek(topic, *partition, Offset::Offset(offset), KAFKA_TIMEOUT)
+    }
+}
+
+/// The thread's tasks, with what a commit updates besides them.
+struct ThreadTasks<'a> {
+    tasks: &'a mut HashMap<(String, i32), Box<dyn Task>>,
+    metrics: &'a Metrics,
+    purger: &'a mut Purger,
+}
+
+impl Tasks<TxnProducer> for ThreadTasks<'_> {
+    fn flush(&mut self, producer: &mut TxnProducer) -> Result<(), ProcessError> {
+        self.tasks.values_mut().try_for_each(|t| t.flush(producer))
+    }
+
+    fn offsets(&self) -> Vec<(Partition, i64)> {
+        self.tasks
+            .iter()
+            .filter_map(|(p, task)| task.next_offset().map(|next| (p.clone(), next)))
+            .collect()
+    }
+
+    fn owned(&self) -> Vec<Partition> {
+        self.tasks.keys().cloned().collect()
+    }
+
+    fn committed(&mut self, delivered: &Delivered) -> Result<(), EngineError> {
+        for ((topic, partition), task) in self.tasks.iter_mut() {
+            if let (true, Some(next)) = (task.reads_repartition_topic(), task.next_offset()) {
+                self.purger.committed(topic, *partition, next);
+            }
+            let counts = task.committed(delivered)?;
+            publish(self.metrics, task.as_ref(), &counts);
+        }
+        Ok(())
+    }
+
+    fn aborted(&mut self) {
+        self.tasks.values_mut().for_each(|t| t.aborted());
+    }
+}
 
 impl ThreadState {
-    /// A task could not write: a failed produce aborts the transaction and rewinds when Kafka
-    /// says that is enough; anything else ends the generation.
+    /// Runs `step` on the open transaction with the thread's clients and tasks.
+    fn transaction<R>(
+        &mut self,
+        consumer: &BaseConsumer<StreamContext>,
+        step: impl FnOnce(&mut Transaction<'_, Kafka<'_>, ThreadTasks<'_>>) -> R,
+    ) -> R {
+        let mut clients = Kafka {
+            producer: &mut self.producer,
+            consumer,
+        };
+        let mut tasks = ThreadTasks {
+            tasks: &mut self.tasks,
+            metrics: &self.cfg.metrics,
+            purger: &mut self.purger,
+        };
+        step(&mut Transaction {
+            txn: &mut self.txn,
+            member: &self.member,
+            clients: &mut clients,
+            tasks: &mut tasks,
+        })
+    }
+
+    /// Counts what a step of the transaction left behind.
+    fn count(&mut self, done: Result<Outcome, EngineError>) -> Result<(), EngineError> {
+        let m = &self.cfg.metrics;
+        match done? {
+            Outcome::Nothing => {}
+            Outcome::Committed(took) => {
+                self.unproducible.clear();
+                m.commit_latency.observe(took.as_secs_f64());
+                m.transactions_committed.inc();
+                self.purger.maybe_purge();
+            }
+            Outcome::Aborted => m.transactions_aborted.inc(),
+        }
+        Ok(())
+    }
+
+    /// Commits the open transaction (see the protocol's `commit`).
+    pub(super) fn commit(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        let done = self.transaction(consumer, |t| t.commit());
+        self.count(done)
+    }
+
+    /// A task could not write: abort and rewind, or end the generation.
     pub(super) fn process_failed(
         &mut self,
         consumer: &BaseConsumer<StreamContext>,
         e: ProcessError,
     ) -> Result<(), EngineError> {
-        match e {
-            ProcessError::Engine(e) => Err(e),
-            ProcessError::Kafka(e) => self.recover(consumer, e, TxnStep::Produce),
-        }
+        let done = self.transaction(consumer, |t| t.failed(e));
+        self.count(done)
     }
 
-    /// Acts on a failed transactional step as [`recovery`] decides.
-    pub(super) fn recover(
-        &mut self,
-        consumer: &BaseConsumer<StreamContext>,
-        e: KafkaError,
-        step: TxnStep,
-    ) -> Result<(), EngineError> {
-        let shown = e.to_string();
-        match recovery(e, step) {
-            Recovery::AbortAndRewind => {
-                tracing::warn!(error = %shown, ?step, "aborting the transaction and rewinding");
-                self.abort_and_rewind(consumer)
-            }
-            Recovery::Restart(e) => Err(e),
-        }
+    /// Aborts the transaction and rewinds its partitions.
+    pub(super) fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
+        let done = self.transaction(consumer, |t| t.abort_and_rewind());
+        self.count(done)
+    }
+
+    /// Partitions are being revoked: commit first, or give the transaction up when `lost`.
+    pub(super) fn revoke(&mut self, consumer: &BaseConsumer<StreamContext>, lost: bool) -> Result<(), EngineError> {
+        let done = self.transaction(consumer, |t| t.revoke(lost));
+        self.count(done)
+    }
+
+    /// The generation ends on `cause`: the transaction is poisoned (see the protocol's `poison`).
+    pub(super) fn poison(&mut self, consumer: &BaseConsumer<StreamContext>, cause: &EngineError) {
+        self.transaction(consumer, |t| t.poison(cause));
     }
 
     /// True when the open transaction should commit: its first record has waited the commit
@@ -69,177 +212,6 @@ impl ThreadState {
     pub(super) fn txn_wait(&self, now: Instant) -> Duration {
         self.txn
             .poll_wait(now, self.cfg.topology.processing.commit_interval, POLL)
-    }
-
-    /// Commits the open transaction with every task's consumed offsets, then applies the
-    /// stores' overlays. An abortable failure aborts and rewinds instead.
-    pub(super) fn commit(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        match self.txn.phase() {
-            Phase::Poisoned => {
-                return Err(EngineError::Fatal(anyhow!(
-                    "refusing to commit a transaction an earlier error left in an unknown state"
-                )))
-            }
-            Phase::Idle if !self.producer.in_transaction() => return Ok(()),
-            Phase::Idle | Phase::Open { .. } => {}
-        }
-        // A rejoin under a new member id that librdkafka has not reported yet (its assign
-        // callback comes with a later poll) would commit positions the group may have moved on
-        // from, under a generation that is valid (see member_id.rs).
-        let member = member_id::of(consumer);
-        if member != self.member {
-            return Err(EngineError::TaskMigrated(format!(
-                "the group member id changed from `{}` to `{member}` under the open transaction",
-                self.member
-            )));
-        }
-        let flushed = self.tasks.values_mut().try_for_each(|t| t.flush(&mut self.producer));
-        if let Err(e) = flushed {
-            return self.process_failed(consumer, e);
-        }
-        let mut offsets = TopicPartitionList::new();
-        for ((topic, partition), task) in &self.tasks {
-            if let Some(next) = task.next_offset() {
-                offsets
-                    .add_partition_offset(topic, *partition, Offset::Offset(next))
-                    .map_err(|e| EngineError::Fatal(anyhow!(e)))?;
-            }
-        }
-        if offsets.count() == 0 {
-            // Writes without a consumed record (a reconciler scan's alerts and open-event
-            // updates, dedup expiry) carry no offsets, so no group generation either: a zombie,
-            // frozen past its session timeout while its tasks moved on, would commit them over
-            // the new owner's state (a chaos run caught 85 closed events reopened this way).
-            // Committing again where one owned partition stands puts the generation check
-            // (KIP-447) into this transaction too; with nothing to fence with, the writes are
-            // dropped and the next tick makes them again.
-            match self.fencing_offset(consumer) {
-                Some((topic, partition, next)) => offsets
-                    .add_partition_offset(&topic, partition, Offset::Offset(next))
-                    .map_err(|e| EngineError::Fatal(anyhow!(e)))?,
-                None => {
-                    tracing::debug!("no owned partition's position known: dropping writes that could not be fenced");
-                    return self.abort_and_rewind(consumer);
-                }
-            }
-        }
-        let group = consumer
-            .group_metadata()
-            .ok_or_else(|| EngineError::TaskMigrated("no consumer group metadata (not a group member)".into()))?;
-        let started = Instant::now();
-        let delivered = match self.producer.commit(&offsets, &group) {
-            Ok(d) => d,
-            Err((e, step)) => return self.recover(consumer, e, step),
-        };
-        self.txn.committed();
-        self.unproducible.clear();
-        let m = &self.cfg.metrics;
-        m.commit_latency.observe(started.elapsed().as_secs_f64());
-        m.transactions_committed.inc();
-        for ((topic, partition), task) in self.tasks.iter_mut() {
-            if let (true, Some(next)) = (task.reads_repartition_topic(), task.next_offset()) {
-                self.purger.committed(topic, *partition, next);
-            }
-            let counts = task.committed(&delivered)?;
-            publish(m, task.as_ref(), &counts);
-        }
-        self.purger.maybe_purge();
-        Ok(())
-    }
-
-    /// An owned partition and the offset the group has for it, to commit again: a position this
-    /// thread reached (what its last commit handed on), else the group's committed offset.
-    fn fencing_offset(&self, consumer: &BaseConsumer<StreamContext>) -> Option<(String, i32, i64)> {
-        if let Some(((topic, partition), next)) = self
-            .tasks
-            .keys()
-            .find_map(|k| self.txn.position(k).map(|next| (k.clone(), next)))
-        {
-            return Some((topic, partition, next));
-        }
-        let mut owned = TopicPartitionList::new();
-        for (topic, partition) in self.tasks.keys() {
-            owned.add_partition(topic, *partition);
-        }
-        let committed = consumer.committed_offsets(owned, FENCE_LOOKUP).ok()?;
-        committed.elements().iter().find_map(|e| match e.offset() {
-            Offset::Offset(next) if next >= 0 => Some((e.topic().to_string(), e.partition(), next)),
-            _ => None,
-        })
-    }
-
-    /// Aborts the transaction, drops uncommitted store writes and rewinds every partition the
-    /// transaction consumed from to its first record in it, so the aborted records are
-    /// processed again.
-    pub(super) fn abort_and_rewind(&mut self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        self.producer
-            .abort()
-            .map_err(|e| EngineError::from_kafka(e, "aborting the transaction"))?;
-        self.cfg.metrics.transactions_aborted.inc();
-        self.tasks.values_mut().for_each(|t| t.aborted());
-        let rewind = self.txn.aborted();
-        self.earlier_commits_stand(consumer)?;
-        for ((topic, partition), offset) in rewind {
-            consumer
-                .seek(&topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
-                .map_err(|e| EngineError::from_kafka(e, "rewinding after an abort"))?;
-        }
-        Ok(())
-    }
-
-    /// After an abort, checks that the group still has what this thread's last commits handed
-    /// on, for every partition it owns; if not, the generation ends and the tasks come back
-    /// from what Kafka holds (positions from the group, stores checked against their changelogs).
-    ///
-    /// An earlier commit can be undone after librdkafka reported it: when the broker lost its
-    /// markers, Kafka settles its records with the producer id's next marker on each partition,
-    /// and this abort is that marker (docs/chaos-runs.md, cause 8); on `__consumer_offsets` it
-    /// undoes the offsets of every partition that commit carried, not only the ones this
-    /// transaction read. Rewinding in place would then skip the undone commit's input for good.
-    fn earlier_commits_stand(&self, consumer: &BaseConsumer<StreamContext>) -> Result<(), EngineError> {
-        let mut asked = TopicPartitionList::new();
-        let mut expected = Vec::new();
-        for (partition, handed_on) in self.txn.all_handed_on() {
-            asked.add_partition(&partition.0, partition.1);
-            expected.push((partition, handed_on));
-        }
-        if expected.is_empty() {
-            return Ok(());
-        }
-        let undone = |why: String| {
-            Err(EngineError::TaskMigrated(format!(
-                "after an abort, {why}; reviving the tasks from what Kafka committed (docs/chaos-runs.md, cause 8)"
-            )))
-        };
-        let found = match consumer.committed_offsets(asked, FENCE_LOOKUP) {
-            Ok(found) => found,
-            Err(e) => return undone(format!("the group's committed offsets could not be read ({e})")),
-        };
-        for ((topic, partition), handed_on) in expected {
-            let group = found.find_partition(topic, *partition).and_then(|e| match e.offset() {
-                Offset::Offset(o) => Some(o),
-                _ => None,
-            });
-            if group.is_none_or(|g| g < handed_on) {
-                return undone(format!(
-                    "the group has `{topic}[{partition}]` at {group:?} where this thread's last commit handed on {handed_on}: that commit was undone"
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// The generation ends on `cause` with the transaction in an unknown state: abort it as
-    /// far as Kafka lets us, drop every uncommitted store write, and never commit again.
-    pub(super) fn poison(&mut self, cause: &EngineError) {
-        if self.txn.may_commit() {
-            tracing::warn!(error = %cause, "aborting the open transaction: the stream thread restarts its clients and tasks");
-        }
-        self.txn.poison();
-        if let Err(e) = self.producer.abort() {
-            tracing::warn!(error = %e, "abort failed; the next producer with this transactional id aborts the transaction");
-        }
-        self.tasks.values_mut().for_each(|t| t.aborted());
     }
 }
 

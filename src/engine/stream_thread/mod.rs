@@ -2,13 +2,14 @@
 //! committing outputs, changelogs and offsets in one transaction every commit interval.
 
 mod commit;
+mod lifecycle;
 mod opening;
 mod rebalance;
 mod repeated_errors;
 
 use super::clients;
 use super::emit::ProcessError;
-use super::errors::{classify, EngineError, ErrorClass, TxnStep};
+use super::errors::{classify, EngineError, ErrorClass};
 use super::faults::{self, Point};
 use super::group_watch::RejoinRequests;
 use super::health::Remedy;
@@ -25,6 +26,7 @@ use crate::processors::{Reason, Rejection};
 use crate::store::StoreEnv;
 use crate::topology::Topology;
 use anyhow::anyhow;
+use lifecycle::Membership;
 use opening::Opening;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -96,38 +98,38 @@ pub struct ThreadConfig {
 /// followed by a fresh one after a backoff, so errors never become a crash loop.
 pub fn run(cfg: ThreadConfig) {
     let mut backoff = Duration::from_millis(500);
+    let mut rebuilt = HashSet::new();
     loop {
         match generation(&cfg) {
             Ok(()) => return,
             Err(EngineError::TaskMigrated(why)) => {
-                tracing::warn!(thread = cfg.index, %why, "tasks migrated; closing them and rejoining the group");
+                tracing::warn!(thread = cfg.index, why = %format!("{why:#}"), "tasks migrated; closing them and rejoining the group");
                 backoff = Duration::from_millis(500);
             }
-            Err(EngineError::Refused(e)) => {
-                // Ending the thread ends the instance non-zero (the supervisor's exit guard);
-                // this reason is the one `/health/live` and the exit report.
-                let why = format!("{e:#}");
-                tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
-                cfg.health.engine_failed(why, Remedy::Fix);
-                return;
+            Err(EngineError::Config(e)) => return stop(&cfg, &e),
+            Err(EngineError::Corrupt { dir, source }) => {
+                if !rebuilt.insert(dir.clone()) {
+                    let e = source.context(format!(
+                        "the state in {} could not be read again after it was rebuilt from its changelog, so the \
+                         changelog holds it: remove the key with `tally reset <topology> --pipeline <pipeline> --key \
+                         <key> --execute` (all instances stopped), or run the tally version that wrote it",
+                        dir.display()
+                    ));
+                    return stop(&cfg, &e);
+                }
+                let why = format!("{source:#}");
+                tracing::error!(thread = cfg.index, dir = %dir.display(), error = %why, "a task's state cannot be read; rebuilding it from its changelog");
+                if let Err(e) = crate::store::set_aside(&dir, &why) {
+                    tracing::warn!(error = %e, "could not move the task directory aside; trying again with it");
+                }
+                continue;
             }
-            Err(EngineError::Fatal(e)) if super::errors::storage_full(&e) => {
-                // Retrying would only fail again, and a crash-looping pod on a full volume
-                // hides the cause: stop, and say what to do (as for a refused principal).
-                let why = format!(
-                    "{:#}",
-                    e.context(format!(
-                        "the state directory {} is full: free space or give it a larger volume, then start \
-                         tally again (committed work is safe: the stores catch up from their changelogs)",
-                        cfg.topology.state_dir.display()
-                    ))
-                );
-                tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
-                cfg.health.engine_failed(why, Remedy::Fix);
-                return;
-            }
-            Err(EngineError::Fatal(e)) => {
+            Err(EngineError::Transient(e)) => {
                 tracing::error!(thread = cfg.index, error = %format!("{e:#}"), backoff_ms = backoff.as_millis() as u64, "stream thread failed; restarting its clients");
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            Err(e @ EngineError::Internal(_)) => {
+                tracing::error!(thread = cfg.index, error = %e, backoff_ms = backoff.as_millis() as u64, "restarting the stream thread from what Kafka committed");
                 backoff = (backoff * 2).min(Duration::from_secs(30));
             }
         }
@@ -135,6 +137,15 @@ pub fn run(cfg: ThreadConfig) {
             return;
         }
     }
+}
+
+/// Stops the instance on an error only an operator can fix: ending the thread ends the instance
+/// non-zero (the supervisor's exit guard), and this reason is the one `/health/live` and the
+/// exit report give.
+fn stop(cfg: &ThreadConfig, e: &anyhow::Error) {
+    let why = format!("{e:#}");
+    tracing::error!(thread = cfg.index, error = %why, "stopping the instance");
+    cfg.health.engine_failed(why, Remedy::Fix);
 }
 
 fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
@@ -153,7 +164,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
     )
     .map_err(|e| EngineError::from_kafka(e, "initialising the transactional producer"))?;
     let purger = Purger::new(&clients::base(t), cfg.rt.clone())
-        .map_err(|e| EngineError::Fatal(e.context("creating the admin client for purging")))?;
+        .map_err(|e| EngineError::from_any(e, "creating the admin client for purging"))?;
     let state = ThreadState {
         cfg: cfg.clone(),
         producer,
@@ -163,7 +174,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         unproducible: HashSet::new(),
         restore: RestoreSettings::of(t),
         member: String::new(),
-        failure: None,
+        membership: Membership::Joining,
         opening: Vec::new(),
         restore_turn: Instant::now(),
         joined: false,
@@ -176,18 +187,18 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
             lag: ConsumerLag::new(&cfg.metrics, t.clone()),
             held_back: HeldBack::new(&cfg.metrics, t.clone(), clients::open_transaction_limit(t)),
         })
-        .map_err(|e| EngineError::Fatal(anyhow!(e).context("creating the consumer")))?;
+        .map_err(|e| EngineError::from_kafka(e, "creating the consumer"))?;
     let topics = t.consumed_topics();
     consumer
         .subscribe(&topics)
-        .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing")))?;
+        .map_err(|e| EngineError::from_kafka(e, "subscribing"))?;
     tracing::info!(thread = cfg.index, transactional_id = %txn_id, "stream thread started");
     let ended = run_loop(cfg, &consumer, &topics);
     if let Err(e) = &ended {
         // The consumer closes when it drops, and its revoke callback must not commit what the
         // error left behind (a record half written, a commit of unknown outcome).
         if let Ok(mut st) = consumer.context().state.lock() {
-            st.poison(e);
+            st.poison(&consumer, e);
         }
     }
     ended
@@ -196,22 +207,20 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
 /// The poll loop of one generation; returns when the instance stops or the generation fails.
 fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: &[&str]) -> Result<(), EngineError> {
     let ctx = consumer.context();
-    let mut rejoin_at: Option<Instant> = None;
     let mut wait = POLL;
     let mut consumer_errors = RepeatedErrors::default();
     while !cfg.shutdown.is_triggered() {
         cfg.health.beat(cfg.index);
         let polled = consumer.poll(wait);
         let mut st = lock(ctx)?;
-        if let Some(e) = st.failure.take() {
+        if let Some(e) = st.membership.take_end() {
             return Err(e);
         }
         st.open_assigned(consumer)?;
         match polled {
             Some(Ok(msg)) => st.process(consumer, &msg)?,
             Some(Err(e)) => match classify(&e) {
-                ErrorClass::Fenced => return Err(EngineError::TaskMigrated(e.to_string())),
-                ErrorClass::Refused => return Err(EngineError::from_kafka(e, "consuming")),
+                ErrorClass::Fenced | ErrorClass::Refused => return Err(EngineError::from_kafka(e, "consuming")),
                 _ => {
                     consumer_errors.seen(&e);
                 }
@@ -233,17 +242,16 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             st.commit(consumer)?;
         }
         wait = st.poll_wait(now);
-        if cfg.rejoin.take(cfg.index) && rejoin_at.is_none() {
+        if cfg.rejoin.take(cfg.index) && st.membership.leave(Instant::now() + REJOIN_PAUSE) {
             // Unsubscribing revokes every task (committed in the callback) and then sends a
             // LeaveGroup, static member or not; subscribing again joins as a new member.
             consumer.unsubscribe();
-            rejoin_at = Some(Instant::now() + REJOIN_PAUSE);
         }
-        if rejoin_at.is_some_and(|at| Instant::now() >= at && st.tasks.is_empty() && st.opening.is_empty()) {
-            rejoin_at = None;
+        let idle = st.tasks.is_empty() && st.opening.is_empty();
+        if st.membership.rejoin_due(Instant::now(), idle) {
             consumer
                 .subscribe(topics)
-                .map_err(|e| EngineError::Fatal(anyhow!(e).context("subscribing again after leaving the group")))?;
+                .map_err(|e| EngineError::from_kafka(e, "subscribing again after leaving the group"))?;
             tracing::info!(thread = cfg.index, "left the group and joined it again");
         }
     }
@@ -281,7 +289,7 @@ fn resume(
 fn lock(ctx: &StreamContext) -> Result<MutexGuard<'_, ThreadState>, EngineError> {
     ctx.state
         .lock()
-        .map_err(|_| EngineError::Fatal(anyhow!("stream thread state poisoned by an earlier panic")))
+        .map_err(|_| EngineError::Internal(anyhow!("stream thread state poisoned by an earlier panic")))
 }
 
 /// The mutable state of a stream thread, reachable from the loop and the rebalance callback.
@@ -298,7 +306,8 @@ struct ThreadState {
     restore: RestoreSettings,
     /// The group member id the tasks were assigned under (empty before the first assignment).
     member: String,
-    failure: Option<EngineError>,
+    /// Where the thread stands in the group.
+    membership: Membership,
     /// Tasks of assigned partitions still opening and restoring.
     opening: Vec<Opening>,
     /// When the opening tasks may next be restored.
@@ -459,8 +468,7 @@ impl ThreadState {
             match task.tick(now, &mut self.producer) {
                 Ok(false) => {}
                 Ok(true) => self.txn.wrote(),
-                Err(ProcessError::Engine(e)) => return Err(e),
-                Err(ProcessError::Kafka(e)) => return self.recover(consumer, e, TxnStep::Produce),
+                Err(e) => return self.process_failed(consumer, e),
             }
         }
         Ok(())

@@ -56,14 +56,14 @@ impl Opening {
         let t = &cfg.topology;
         let layout = || {
             TaskLayout::of(t, topic, partition)
-                .ok_or_else(|| EngineError::Fatal(anyhow!("no task layout for `{topic}` partition {partition}")))
+                .ok_or_else(|| EngineError::Internal(anyhow!("no task layout for `{topic}` partition {partition}")))
         };
         let kind = if t.reconcile.is_some() && t.reconciled_topic() == Some(topic) {
             Kind::Reconcile(layout()?)
         } else {
             let (pipeline, stage) = t
                 .stage_for_topic(topic)
-                .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
+                .ok_or_else(|| EngineError::Internal(anyhow!("no pipeline reads topic `{topic}`")))?;
             match (stage, &pipeline.repartition) {
                 (Stage::Repartition, Some(r)) => Kind::Repartition(r.topic.clone()),
                 (_, repartition) => Kind::Process {
@@ -109,7 +109,7 @@ impl Opening {
             },
         };
         let partition = self.key.1;
-        let failed = |e: anyhow::Error| EngineError::Fatal(e.context(format!("restoring task {}", layout.name)));
+        let failed = |e: anyhow::Error| EngineError::from_any(e, &format!("restoring task {}", layout.name));
         while let Some(changelog) = layout.changelogs.get(self.restored) {
             if Instant::now() >= until {
                 return Ok(false);
@@ -134,7 +134,7 @@ impl Opening {
     pub(super) fn into_task(self, cfg: &ThreadConfig) -> Result<Box<dyn Task>, EngineError> {
         let t = &cfg.topology;
         let (topic, partition) = self.key;
-        let not_ready = || EngineError::Fatal(anyhow!("task of `{topic}` partition {partition} has no store open"));
+        let not_ready = || EngineError::Internal(anyhow!("task of `{topic}` partition {partition} has no store open"));
         let work = match self.kind {
             Kind::Reconcile(layout) => {
                 tracing::info!(task = %layout.name, topic, "task ready");
@@ -158,7 +158,7 @@ impl Opening {
         };
         let (pipeline, stage) = t
             .stage_for_topic(&topic)
-            .ok_or_else(|| EngineError::Fatal(anyhow!("no pipeline reads topic `{topic}`")))?;
+            .ok_or_else(|| EngineError::Internal(anyhow!("no pipeline reads topic `{topic}`")))?;
         let processor = PipelineProcessor::new(
             Arc::new(pipeline.clone()),
             t.processing.max_record_bytes,
@@ -210,8 +210,9 @@ fn open_store(
             *lock_wait = Some((deadline, now + LOCK_RETRY));
             Ok(None)
         }
-        Err(e) => Err(EngineError::Fatal(
-            anyhow!(e).context(format!("opening the state of task {}", layout.name)),
+        Err(e) => Err(EngineError::from_any(
+            anyhow!(e),
+            &format!("opening the state of task {}", layout.name),
         )),
     }
 }

@@ -42,19 +42,9 @@ impl ConsumerContext for StreamContext {
             Rebalance::Revoke(tpl) => {
                 // The revoked tasks' work must be committed (or aborted) before they go. Lost
                 // partitions (the member was dropped from the group) may already be processed
-                // by their new owner: never commit for them, as Kafka Streams closes them dirty.
-                if consumer.assignment_lost() {
-                    tracing::warn!(
-                        "partitions lost (the group moved on without this member); aborting the open transaction"
-                    );
-                    st.poison(&EngineError::TaskMigrated("partitions lost".into()));
-                    st.failure
-                        .get_or_insert(EngineError::TaskMigrated("partitions lost".into()));
-                } else if st.txn.may_commit() {
-                    if let Err(e) = st.commit(consumer) {
-                        st.poison(&e);
-                        st.failure = Some(e);
-                    }
+                // by their new owner: never commit for them (the protocol's `revoke`).
+                if let Err(e) = st.revoke(consumer, consumer.assignment_lost()) {
+                    st.membership.end(e);
                 }
                 for el in tpl.elements() {
                     let key = (el.topic().to_string(), el.partition());
@@ -87,9 +77,9 @@ impl ConsumerContext for StreamContext {
                         member = %member,
                         "rejoined the group under a new member id with partitions still assigned; treating them as lost"
                     );
-                    let lost = EngineError::TaskMigrated("member id changed with partitions still assigned".into());
-                    st.poison(&lost);
-                    st.failure.get_or_insert(lost);
+                    let lost = EngineError::migrated("member id changed with partitions still assigned");
+                    st.poison(consumer, &lost);
+                    st.membership.end(lost);
                 }
                 st.member = member;
                 let parts: Vec<String> = tpl
@@ -111,11 +101,11 @@ impl ConsumerContext for StreamContext {
                             st.cfg.health.restoring(1);
                         }
                         Err(e) => {
-                            st.failure.get_or_insert(e);
+                            st.membership.end(e);
                         }
                     }
                 }
-                if !st.joined {
+                if st.membership.assigned() {
                     st.joined = true;
                     st.cfg.health.thread_joined(true);
                 }

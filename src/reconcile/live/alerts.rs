@@ -1,7 +1,7 @@
 //! The live reconciler's alert records (`tally.alert/v1` JSON on the alerts topic, keyed by
 //! event id) and the warning line that goes with each.
 
-use super::{fatal, OpenEvent};
+use super::{store_failed, OpenEvent};
 use crate::engine::emit::{header, ProcessError};
 use crate::engine::producer::{Outgoing, TxnProducer};
 use crate::metrics::Metrics;
@@ -131,7 +131,7 @@ impl AlertWriter<'_> {
         alert: &impl Serialize,
         producer: &mut TxnProducer,
     ) -> Result<(), ProcessError> {
-        let payload = serde_json::to_vec(alert).map_err(|e| fatal(anyhow::Error::new(e)))?;
+        let payload = serde_json::to_vec(alert).map_err(|e| store_failed(anyhow::Error::new(e)))?;
         let out = Outgoing {
             topic: self.topic,
             partition: None,

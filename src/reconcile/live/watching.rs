@@ -1,6 +1,6 @@
 //! The separately run reconciler's watch of tally's inputs, as a reconciler task runs it.
 
-use super::{fatal, ReconcileTask, ALERTS_PER_SCAN};
+use super::{store_failed, ReconcileTask, ALERTS_PER_SCAN};
 use crate::engine::emit::ProcessError;
 use crate::engine::errors::{self, EngineError, ErrorClass};
 use crate::engine::producer::TxnProducer;
@@ -19,13 +19,13 @@ impl ReconcileTask {
         let report = match watcher.scan(&mut self.store, now_ms, ALERTS_PER_SCAN as usize) {
             Ok(report) => report,
             Err(e) if refused(&e) => {
-                return Err(ProcessError::Engine(EngineError::Refused(e.context(
+                return Err(ProcessError::Engine(EngineError::Config(e.context(
                     "the reconciler watching tally's inputs: the Kafka cluster refused this principal; grant it Read \
                      and Describe on tally's source and repartition topics and Describe on group `<application_id>` \
                      (README.md, \"Secured clusters\"), then start it again",
                 ))))
             }
-            Err(e) if !errors::worth_waiting(&e) && !is_kafka(&e) => return Err(fatal(e)),
+            Err(e) if !errors::worth_waiting(&e) && !is_kafka(&e) => return Err(store_failed(e)),
             Err(e) => {
                 if self
                     .watch_failed
