@@ -127,6 +127,9 @@ pub struct Watcher {
     reader: ClientConfigHolder,
     /// When each partition was last scanned, ms.
     scanned: HashMap<(String, i32), i64>,
+    /// Per partition, the committed offset whose records lost to retention were last reported:
+    /// said once, not at every scan.
+    lost_said: HashMap<(String, i32), i64>,
 }
 
 /// The reader's client settings and, once made, the reader.
@@ -149,6 +152,7 @@ impl Watcher {
             partition,
             trace_topic,
             scanned: HashMap::new(),
+            lost_said: HashMap::new(),
         }
     }
 
@@ -190,7 +194,20 @@ impl Watcher {
                 };
                 let budget_left = budget.saturating_sub(report.stuck.len());
                 match self.scan_partition(consumer, store, &ctx, budget_left, &mut report) {
-                    Ok(()) => {}
+                    Ok(None) => {}
+                    Ok(Some(log_start)) => {
+                        let committed = ctx.committed.unwrap_or(log_start);
+                        if self.lost_said.insert((watched.topic.clone(), q), committed) != Some(committed) {
+                            tracing::warn!(
+                                topic = %watched.topic,
+                                partition = q,
+                                committed,
+                                log_start,
+                                "records tally had not consumed were deleted by retention before it could (lost to tally: {})",
+                                log_start - committed
+                            );
+                        }
+                    }
                     Err(e) if errors::worth_waiting(&e) => {
                         tracing::debug!(topic = %watched.topic, partition = q, error = %format!("{e:#}"), "watch: partition skipped this scan");
                         report.skipped += 1;
@@ -202,6 +219,8 @@ impl Watcher {
         Ok(report)
     }
 
+    /// Scans one partition; returns the partition's log start when records tally had not
+    /// consumed were deleted by retention.
     fn scan_partition(
         &self,
         consumer: &BaseConsumer,
@@ -209,7 +228,7 @@ impl Watcher {
         ctx: &PartitionScan<'_>,
         budget: usize,
         report: &mut WatchReport,
-    ) -> Result<()> {
+    ) -> Result<Option<i64>> {
         let topic = ctx.watched.topic.as_str();
         let key = format!("{topic}/{}", ctx.partition).into_bytes();
         let mut state = load(store, &key)?;
@@ -222,16 +241,7 @@ impl Watcher {
             None if self.watch.from_earliest => low,
             None => *state.floor.get_or_insert(high),
         };
-        if start < low && ctx.committed.is_some() {
-            tracing::warn!(
-                topic,
-                partition = ctx.partition,
-                committed = start,
-                log_start = low,
-                "records tally had not consumed were deleted by retention before it could (lost to tally: {})",
-                low - start
-            );
-        }
+        let lost_to_retention = (start < low && ctx.committed.is_some()).then_some(low);
         let from = start.max(low);
         state.mark(high, from, ctx.now_ms);
         let head = if from < high {
@@ -271,7 +281,7 @@ impl Watcher {
             store.put(STORE, &key, codec::encode(&state).context("encoding a watch position")?);
             report.changed = true;
         }
-        Ok(())
+        Ok(lost_to_retention)
     }
 
     /// The alert's view of a stuck record.
