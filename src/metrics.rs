@@ -2,6 +2,7 @@
 
 pub mod client_statistics;
 pub mod consumer_lag;
+pub mod events;
 pub mod held_back;
 pub mod store_gauges;
 

@@ -3,6 +3,7 @@
 use super::clients;
 use super::faults::{self, Point};
 use super::stable_end::{StableEnd, Waiting};
+use crate::metrics::events::{RecordsRestored, RestoreOf, StoreRebuilt};
 use crate::metrics::Metrics;
 use crate::store::{StoreError, TaskStore};
 use crate::topology::Topology;
@@ -255,9 +256,7 @@ impl Restore {
             r.count(metrics, name);
         }
         // Per partition: tasks of one store restoring at once (several threads) each have their own.
-        let remaining = metrics
-            .restore_remaining
-            .with_label_values(&[name.as_str(), partition.to_string().as_str()]);
+        let remaining = RestoreOf { store: name, partition }.remaining(metrics);
         remaining.set(high.saturating_sub(from_offset));
         if high > from_offset {
             if applied.is_some() {
@@ -341,7 +340,10 @@ impl Rebuild {
 
     /// Counts the rebuild of `store`.
     pub fn count(self, metrics: &Metrics, store: &str) {
-        metrics.store_rebuilds.with_label_values(&[store, self.as_str()]).inc();
+        metrics.emit(StoreRebuilt {
+            store,
+            reason: self.as_str(),
+        });
     }
 }
 
@@ -453,7 +455,10 @@ fn flush(
     }
     store.apply_restored(index, batch, last)?;
     let n = batch.len() as u64;
-    metrics.restored_records.with_label_values(&[name]).inc_by(n);
+    metrics.emit(RecordsRestored {
+        store: name,
+        records: n,
+    });
     batch.clear();
     Ok(n)
 }

@@ -8,6 +8,7 @@ use super::layout::TaskLayout;
 use super::membership::GroupView;
 use super::restore::{resume_point, Rebuild};
 use super::Shutdown;
+use crate::metrics::events::StandbyRecordsApplied;
 use crate::metrics::Metrics;
 use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
 use crate::topology::Topology;
@@ -268,10 +269,10 @@ fn apply_batch(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) ->
             continue;
         };
         s.store.apply_restored(*index, &records, last)?;
-        cfg.metrics
-            .standby_records
-            .with_label_values(&[s.store.name(*index)])
-            .inc_by(records.len() as u64);
+        cfg.metrics.emit(StandbyRecordsApplied {
+            store: s.store.name(*index),
+            records: records.len() as u64,
+        });
     }
     Ok(())
 }

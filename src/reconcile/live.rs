@@ -11,6 +11,7 @@ use crate::engine::errors::EngineError;
 use crate::engine::hosted::{HostedTasks, ReconcilerParts};
 use crate::engine::producer::TxnProducer;
 use crate::engine::task::Task;
+use crate::metrics::events::OpenEventsScanned;
 use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::{Decision, Processed, Reason, Rejection};
@@ -379,14 +380,13 @@ impl ReconcileTask {
     }
 
     fn publish(&self, r: &ScanReport) {
-        let m = &self.metrics;
-        let l = [self.label.as_str()];
-        m.reconcile_open_events.with_label_values(&l).set(r.open as i64);
-        m.reconcile_stuck_events.with_label_values(&l).set(r.stuck as i64);
-        m.reconcile_oldest_open_age_seconds
-            .with_label_values(&l)
-            .set(r.oldest_age_ms as f64 / 1000.0);
-        m.reconcile_failed_events.with_label_values(&l).set(r.failed as i64);
+        self.metrics.emit(OpenEventsScanned {
+            task: &self.label,
+            open: r.open,
+            stuck: r.stuck,
+            oldest_age_ms: r.oldest_age_ms,
+            failed: r.failed,
+        });
     }
 }
 

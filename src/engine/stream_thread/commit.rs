@@ -10,6 +10,7 @@ use crate::engine::purge::Purger;
 use crate::engine::task::Task;
 use crate::engine::txn::protocol::Transaction;
 use crate::engine::txn::{Clients, CommitFailure, Delivered, Outcome, Partition, Tasks};
+use crate::metrics::events::PipelineCommitted;
 use crate::metrics::Metrics;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
@@ -216,15 +217,15 @@ impl ThreadState {
 }
 
 fn publish(m: &Metrics, task: &dyn Task, c: &Counts) {
-    let p = task.label();
-    m.records_in.with_label_values(&[p]).inc_by(c.records_in);
-    m.records_repartitioned.with_label_values(&[p]).inc_by(c.repartitioned);
-    m.records_out.with_label_values(&[p]).inc_by(c.records_out);
-    m.duplicates.with_label_values(&[p]).inc_by(c.duplicates);
-    m.stale.with_label_values(&[p]).inc_by(c.stale);
-    m.pending_created.with_label_values(&[p]).inc_by(c.pending_created);
-    m.expired_keys.with_label_values(&[p]).inc_by(c.expired);
-    for (reason, n) in &c.dead_lettered {
-        m.dead_lettered.with_label_values(&[p, reason.as_str()]).inc_by(*n);
-    }
+    m.emit(PipelineCommitted {
+        pipeline: task.label(),
+        records_in: c.records_in,
+        repartitioned: c.repartitioned,
+        records_out: c.records_out,
+        duplicates: c.duplicates,
+        stale: c.stale,
+        pending_created: c.pending_created,
+        expired_keys: c.expired,
+        dead_lettered: &c.dead_lettered,
+    });
 }

@@ -4,6 +4,7 @@
 use super::{store_failed, OpenEvent};
 use crate::engine::emit::{header, ProcessError};
 use crate::engine::producer::{Outgoing, TxnProducer};
+use crate::metrics::events::AlertWritten;
 use crate::metrics::Metrics;
 use crate::reconcile::watch::Unprocessed;
 use crate::trace::Status;
@@ -140,7 +141,7 @@ impl AlertWriter<'_> {
             headers: OwnedHeaders::new().insert(header(DEFAULT_CORRELATION_HEADER, correlation_id)),
         };
         producer.send(out).map_err(ProcessError::Kafka)?;
-        self.metrics.reconcile_alerts.with_label_values(&[kind]).inc();
+        self.metrics.emit(AlertWritten { kind });
         Ok(())
     }
 }

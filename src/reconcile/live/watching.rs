@@ -4,6 +4,7 @@ use super::{store_failed, ReconcileTask, ALERTS_PER_SCAN};
 use crate::engine::emit::ProcessError;
 use crate::engine::errors::{self, EngineError, ErrorClass};
 use crate::engine::producer::TxnProducer;
+use crate::metrics::events::InputsWatched;
 use crate::reconcile::watch::WatchReport;
 use rdkafka::error::KafkaError;
 use std::time::Instant;
@@ -46,14 +47,11 @@ impl ReconcileTask {
     }
 
     fn publish_watch(&self, r: &WatchReport) {
-        let m = &self.metrics;
-        let l = [self.label.as_str()];
-        m.reconcile_unconsumed_records
-            .with_label_values(&l)
-            .set(r.unconsumed as i64);
-        m.reconcile_longest_wait_seconds
-            .with_label_values(&l)
-            .set(r.longest_wait_ms as f64 / 1000.0);
+        self.metrics.emit(InputsWatched {
+            task: &self.label,
+            unconsumed: r.unconsumed,
+            longest_wait_ms: r.longest_wait_ms,
+        });
     }
 }
 
