@@ -3,9 +3,15 @@
 
 use super::env::StoreEnv;
 use super::lock::{LockError, TaskLock};
+use super::published::Published;
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a closing task waits for queries still reading its database.
+const READERS_WAIT: Duration = Duration::from_secs(10);
 
 const META_CF: &str = "meta";
 
@@ -95,11 +101,15 @@ pub(super) fn move_aside(dir: &Path, error: &rocksdb::Error) -> Result<PathBuf, 
 
 /// All stores of one task, with uncommitted writes kept in memory.
 pub struct TaskStore {
-    db: DB,
+    /// Shared only with queries reading it (through `published`), for the length of a read.
+    db: Arc<DB>,
     dir: PathBuf,
     names: Vec<String>,
     overlays: Vec<HashMap<Vec<u8>, Option<Vec<u8>>>>,
     changes: Vec<Change>,
+    published: Arc<Published>,
+    /// The (pipeline, partition) this store is published as, while it is.
+    serving: Option<(String, i32)>,
     /// Declared last: the database closes before the directory is unlocked.
     _lock: TaskLock,
 }
@@ -124,13 +134,22 @@ impl TaskStore {
             source,
         })?;
         Ok(Self {
-            db,
+            db: Arc::new(db),
             dir: dir.to_path_buf(),
             names: names.to_vec(),
             overlays: vec![HashMap::new(); names.len()],
             changes: Vec::new(),
+            published: env.published().clone(),
+            serving: None,
             _lock: lock,
         })
+    }
+
+    /// Opens the committed data to queries as `pipeline`'s task for `partition` (once the task
+    /// is restored and processing), until the store is dropped.
+    pub fn publish(&mut self, pipeline: &str, partition: i32) {
+        self.published.insert(pipeline, partition, &self.db);
+        self.serving = Some((pipeline.to_string(), partition));
     }
 
     /// Opens the task database like [`TaskStore::open`]; a database RocksDB reports corrupt is moved
@@ -352,6 +371,25 @@ impl TaskStore {
             .iterator_cf(cf, mode)
             .map(|item| item.map_err(|e| self.rocks(e)))
             .filter(move |item| !matches!((item, after), (Ok((k, _)), Some(a)) if &k[..] == a)))
+    }
+}
+
+impl Drop for TaskStore {
+    /// Withdraws the store from queries and waits for reads under way: the database must close
+    /// before the directory lock goes (the fields drop after this, in order), or this task
+    /// reopened in this process after a rebalance would find its database still open.
+    fn drop(&mut self) {
+        let Some((pipeline, partition)) = self.serving.take() else {
+            return;
+        };
+        self.published.remove(&pipeline, partition);
+        let deadline = Instant::now() + READERS_WAIT;
+        while Arc::strong_count(&self.db) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if Arc::strong_count(&self.db) > 1 {
+            tracing::warn!(dir = %self.dir.display(), "a query still reads the closing task's store; it closes when the read ends");
+        }
     }
 }
 
