@@ -7,6 +7,7 @@ pub mod engine;
 pub mod http;
 pub mod metrics;
 pub mod processors;
+pub mod queries;
 pub mod reconcile;
 pub mod recover;
 pub mod store;

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub forced_rejoins: IntCounter,
     /// Dedup keys deleted by expiry, per pipeline.
     pub expired_keys: IntCounterVec,
+    /// HTTP queries of the stores, per outcome (`found`, `not_found`, `redirected`, …).
+    pub queries: IntCounterVec,
     /// Events emitted pending-create, per pipeline.
     pub pending_created: IntCounterVec,
     /// Id links in the global ID-mapping store.
@@ -156,6 +158,7 @@ impl Metrics {
             "Dedup keys deleted after their retention",
             &["pipeline"],
         )?;
+        let queries = counter_vec("queries_total", "HTTP queries of the stores, by outcome", &["outcome"])?;
         let pending_created = counter_vec(
             "pending_create_total",
             "Events emitted without the target system's id",
@@ -293,6 +296,7 @@ impl Metrics {
             unowned_partitions,
             forced_rejoins,
             expired_keys,
+            queries,
             pending_created,
             idmap_mappings,
             idmap_pending,

@@ -60,11 +60,27 @@ fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option
         topology.id_mapping.is_some(),
         stall_limit,
     ));
+    let queries = Arc::new(crate::queries::Shared::default());
+    if topology.queries.is_some() && http_address.is_none() {
+        tracing::warn!("`queries` is enabled but there is no --http-address to serve them on");
+    }
     rt.block_on(async {
         let server = match http_address {
             Some(addr) => {
                 let listener = crate::http::bind(addr).await?;
-                let server = crate::http::serve(listener, metrics.clone(), health.clone(), shutdown.clone());
+                let api = crate::http::queries::QueryApi::new(
+                    topology.clone(),
+                    instance_id,
+                    queries.clone(),
+                    metrics.clone(),
+                );
+                let server = crate::http::serve(
+                    listener,
+                    metrics.clone(),
+                    health.clone(),
+                    Arc::new(api),
+                    shutdown.clone(),
+                );
                 Some(tokio::spawn(server))
             }
             None => None,
@@ -76,6 +92,7 @@ fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option
             Arc::new(LiveReconciler),
             metrics.clone(),
             health.clone(),
+            queries,
             shutdown.clone(),
         )
         .await;

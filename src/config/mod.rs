@@ -3,6 +3,7 @@
 pub mod diagnostics;
 pub mod interpolate;
 pub mod pipelines;
+pub mod queries;
 pub mod raw;
 pub mod reconcile;
 pub mod schema;

@@ -39,6 +39,22 @@ pub struct RawTopology {
     /// The live reconciler: alerts on events stuck unfinished.
     #[schemars(with = "Option<RawReconcile>")]
     pub reconcile: Option<Spanned<RawReconcile>>,
+    /// Read-only HTTP queries over the instances' stores (off by default).
+    #[schemars(with = "Option<RawQueries>")]
+    pub queries: Option<Spanned<RawQueries>>,
+}
+
+/// `queries:`
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawQueries {
+    /// Serve `/queries` on the HTTP address (default false).
+    #[schemars(with = "Option<bool>")]
+    pub enabled: Option<Spanned<bool>>,
+    /// The URL other instances redirect a query to, with `{instance}` where the owner's
+    /// instance id goes, e.g. `http://{instance}.tally-headless:8080`.
+    #[schemars(with = "Option<String>")]
+    pub advertised_url: Option<Text>,
 }
 
 /// `reconcile:`

@@ -118,6 +118,10 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
     let reconcile = raw
         .reconcile
         .map(|r| super::reconcile::reconcile(c, r, trace.is_some()));
+    let queries = raw.queries.map(|q| {
+        let protocol = processing.as_ref().map(|p| p.group_protocol);
+        super::queries::queries(c, q, protocol)
+    });
     let known = Known {
         sources: sources.as_ref(),
         application_id: application_id.as_deref(),
@@ -185,6 +189,10 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
         id_mapping: match id_mapping {
             None => None,
             Some(m) => Some(m?),
+        },
+        queries: match queries {
+            None => None,
+            Some(q) => q.ok()?,
         },
     })
     .filter(|_| c.is_empty())

@@ -102,6 +102,7 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
             Arc::new(crate::reconcile::live::LiveReconciler),
             metrics.clone(),
             Arc::new(Health::default()),
+            Arc::default(),
             shutdown.clone(),
         ));
         let deadline = Instant::now() + Duration::from_secs(120);

@@ -128,15 +128,33 @@ impl Judge {
     }
 }
 
+/// What the group watch works with.
+pub struct Watch {
+    /// The running topology.
+    pub topology: Arc<Topology>,
+    /// This instance's id.
+    pub instance_id: String,
+    /// Where it asks this instance's stream threads to rejoin.
+    pub requests: Arc<RejoinRequests>,
+    /// The unowned-partition gauge and rejoin counter.
+    pub metrics: Arc<Metrics>,
+    /// Where each look at the group is shared with the query API, which routes by it.
+    pub queries: Arc<crate::queries::Shared>,
+    /// The instance's stop request.
+    pub shutdown: Shutdown,
+}
+
 /// Watches the group until shutdown and asks this instance's stream threads to rejoin when the
 /// judge picks one of them. A failed look (broker away, group not yet created) is skipped.
-pub fn run(
-    topology: Arc<Topology>,
-    instance_id: String,
-    requests: Arc<RejoinRequests>,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) {
+pub fn run(w: Watch) {
+    let Watch {
+        topology,
+        instance_id,
+        requests,
+        metrics,
+        queries,
+        shutdown,
+    } = w;
     let consumer: BaseConsumer = match clients::restore_consumer(&topology).create() {
         Ok(c) => c,
         Err(e) => {
@@ -155,6 +173,7 @@ pub fn run(
                 continue;
             }
         };
+        queries.saw_group(app, &snap);
         if snap.stable {
             metrics.unowned_partitions.set(snap.unowned().len() as i64);
         }

@@ -70,7 +70,9 @@ pub enum Cluster {
     Mock,
 }
 
-/// Runs `topology` as instance `instance_id` on `cluster` until `shutdown` is triggered.
+/// Runs `topology` as instance `instance_id` on `cluster` until `shutdown` is triggered,
+/// publishing its task stores and group view to `queries`.
+#[allow(clippy::too_many_arguments)] // each is a different shared service; a struct would only rename them
 pub async fn run(
     topology: Arc<Topology>,
     instance_id: &str,
@@ -78,6 +80,7 @@ pub async fn run(
     hosted: Arc<dyn hosted::HostedTasks>,
     metrics: Arc<Metrics>,
     health: Arc<health::Health>,
+    queries: Arc<crate::queries::Shared>,
     shutdown: Shutdown,
 ) -> Result<()> {
     // A cluster that is down or still starting is waited for (readiness stays 503), as Kafka
@@ -141,7 +144,7 @@ pub async fn run(
         std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot restrict the state directory {} to its owner", state.display()))?;
     }
-    let store_env = Arc::new(StoreEnv::default());
+    let store_env = Arc::new(StoreEnv::default().publishing_to(queries.stores.clone()));
     // Per instance: instances sharing a state directory each keep their own copy.
     let global = Arc::new(match &topology.id_mapping {
         Some(_) => GlobalMappings::open(
@@ -187,15 +190,16 @@ pub async fn run(
         handles.push(supervisor.spawn("tally-global".into(), move || tail.run(&h))?);
     }
     let rejoin = Arc::new(group_watch::RejoinRequests::new(topology.processing.threads));
-    let (t, id, r, m, sd) = (
-        topology.clone(),
-        instance_id.to_string(),
-        rejoin.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    );
+    let watch = group_watch::Watch {
+        topology: topology.clone(),
+        instance_id: instance_id.to_string(),
+        requests: rejoin.clone(),
+        metrics: metrics.clone(),
+        queries,
+        shutdown: shutdown.clone(),
+    };
     if topology.processing.group_protocol == GroupProtocol::Classic {
-        handles.push(supervisor.spawn("tally-group-watch".into(), move || group_watch::run(t, id, r, m, sd))?);
+        handles.push(supervisor.spawn("tally-group-watch".into(), move || group_watch::run(watch))?);
     } else {
         // The coordinator reconciles assignments on every heartbeat: the classic protocol's
         // stranded partitions cannot happen, and its group view is not described.

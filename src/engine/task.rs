@@ -111,11 +111,16 @@ impl PipelineTask {
         application_id: &str,
         partition: i32,
         processor: PipelineProcessor,
-        work: Work,
+        mut work: Work,
         sinks: Sinks,
         expiry_every: Duration,
     ) -> Self {
         let pipeline = processor.pipeline();
+        // Restored and about to process: its committed data may answer queries from now until
+        // the task (and so its store) is dropped.
+        if let Work::Process { store, .. } = &mut work {
+            store.publish(&pipeline.name, partition);
+        }
         let node = match work {
             Work::Repartition { .. } => format!("{application_id}/{}/repartition", pipeline.name),
             Work::Process { .. } => format!("{application_id}/{}", pipeline.name),

@@ -1,11 +1,14 @@
-//! The HTTP endpoints: Prometheus `/metrics`, `/health/live`, `/health/ready`.
+//! The HTTP endpoints: Prometheus `/metrics`, `/health/live`, `/health/ready`, and the store
+//! queries under `/queries` (queries.rs).
+
+pub mod queries;
 
 use crate::engine::health::Health;
 use crate::engine::Shutdown;
 use crate::metrics::Metrics;
 use anyhow::{Context, Result};
-use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -13,6 +16,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus::{Encoder, TextEncoder};
+use queries::QueryApi;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,14 +27,15 @@ use tokio::sync::Semaphore;
 struct AppState {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    queries: Arc<QueryApi>,
 }
 
 /// Listens on `addr`: done before the engine starts, so an address in use stops tally at once
 /// instead of surfacing when it shuts down.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for /metrics and /health; choose another --http-address"))
+    TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} for /metrics, /health and /queries; choose another --http-address")
+    })
 }
 
 /// Connections served at once; more wait in the kernel's backlog. A scraper and two probes need
@@ -47,13 +52,20 @@ pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    queries: Arc<QueryApi>,
     shutdown: Shutdown,
 ) -> Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/health/live", get(live))
         .route("/health/ready", get(ready))
-        .with_state(AppState { metrics, health });
+        .route("/queries", get(query_index))
+        .route("/queries/{pipeline}/{store}/{key}", get(query_key))
+        .with_state(AppState {
+            metrics,
+            health,
+            queries,
+        });
     let addr = listener.local_addr().context("reading the HTTP listener's address")?;
     tracing::info!(%addr, "serving /metrics, /health/live and /health/ready");
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -102,6 +114,18 @@ async fn metrics_text(State(s): State<AppState>) -> impl IntoResponse {
         )
             .into_response(),
     }
+}
+
+async fn query_index(State(s): State<AppState>) -> impl IntoResponse {
+    s.queries.index()
+}
+
+async fn query_key(
+    State(s): State<AppState>,
+    uri: Uri,
+    Path((pipeline, store, key)): Path<(String, String, String)>,
+) -> impl IntoResponse {
+    s.queries.key(&uri, &pipeline, &store, &key).await
 }
 
 async fn live(State(s): State<AppState>) -> impl IntoResponse {

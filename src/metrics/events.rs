@@ -130,6 +130,18 @@ impl Event for AlertWritten<'_> {
     }
 }
 
+/// An HTTP query of the stores was answered.
+pub struct QueryAnswered<'a> {
+    /// `found`, `not_found`, `redirected`, `unavailable`, …
+    pub outcome: &'a str,
+}
+
+impl Event for QueryAnswered<'_> {
+    fn emit(self, m: &Metrics) {
+        m.queries.with_label_values(&[self.outcome]).inc();
+    }
+}
+
 /// A reconciler task's scan of its open events.
 pub struct OpenEventsScanned<'a> {
     /// The reconciler task.
@@ -297,6 +309,7 @@ mod tests {
             longest_wait_ms: 2500,
         });
         m.emit(AlertWritten { kind: "failed_event" });
+        m.emit(QueryAnswered { outcome: "redirected" });
         m.emit(RecordsRestored { store: "s", records: 5 });
         m.emit(StandbyRecordsApplied { store: "s", records: 6 });
         let t = [("task", "trace-0")];
@@ -310,6 +323,7 @@ mod tests {
             value(&m, "reconcile_alerts_total", &[("kind", "failed_event")]),
             Some(1.0)
         );
+        assert_eq!(value(&m, "queries_total", &[("outcome", "redirected")]), Some(1.0));
         assert_eq!(value(&m, "restored_records_total", &[("store", "s")]), Some(5.0));
         assert_eq!(value(&m, "standby_records_total", &[("store", "s")]), Some(6.0));
     }

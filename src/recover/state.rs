@@ -112,16 +112,12 @@ fn wanted(p: &Pipeline, kind: StoreKind, keys: &[String], entities: &[String]) -
         // A store written by an earlier version keys by the readable text.
         wanted.insert(text.clone().into_bytes(), text.clone());
     };
-    match kind {
-        StoreKind::Dedup => keys.iter().for_each(|k| add(&p.key, k)),
-        StoreKind::Versions | StoreKind::Merged => {
-            for route in p.routes.iter().filter(|r| r.strategy.store() == kind) {
-                if let Some(entity) = route.strategy.entity() {
-                    entities.iter().for_each(|e| add(entity, e));
-                }
-            }
-        }
-        StoreKind::Links => {}
+    let texts = match kind {
+        StoreKind::Dedup => keys,
+        StoreKind::Versions | StoreKind::Merged | StoreKind::Links => entities,
+    };
+    for template in p.key_templates(kind) {
+        texts.iter().for_each(|t| add(template, t));
     }
     wanted
 }

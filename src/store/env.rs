@@ -1,11 +1,16 @@
-//! Memory shared by every task's RocksDB, so memory is bounded by configuration, not partitions.
+//! What every task's RocksDB of an instance shares: memory, so memory is bounded by
+//! configuration, not partitions; and the registry of databases open to queries.
 
+use super::published::Published;
 use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager};
+use std::sync::Arc;
 
-/// Block cache and write-buffer budget shared by all stores of an instance.
+/// Block cache and write-buffer budget shared by all stores of an instance, and where their
+/// tasks publish their databases for queries.
 pub struct StoreEnv {
     cache: Cache,
     write_buffers: WriteBufferManager,
+    published: Arc<Published>,
 }
 
 impl StoreEnv {
@@ -15,7 +20,21 @@ impl StoreEnv {
         let cache = Cache::new_lru_cache(cache_bytes);
         let write_buffers =
             WriteBufferManager::new_write_buffer_manager_with_cache(write_buffer_bytes, false, cache.clone());
-        Self { cache, write_buffers }
+        Self {
+            cache,
+            write_buffers,
+            published: Arc::default(),
+        }
+    }
+
+    /// The same budget, publishing task databases to `published` (read by the query API).
+    pub fn publishing_to(self, published: Arc<Published>) -> Self {
+        Self { published, ..self }
+    }
+
+    /// Where tasks publish their databases for queries.
+    pub fn published(&self) -> &Arc<Published> {
+        &self.published
     }
 
     /// RocksDB options for one task database using the shared budget.

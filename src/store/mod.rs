@@ -5,9 +5,11 @@ pub mod codec;
 pub mod env;
 pub mod global;
 pub mod lock;
+pub mod published;
 pub mod task_store;
 
 pub use env::StoreEnv;
 pub use global::GlobalMappings;
 pub use lock::{LockError, TaskLock};
+pub use published::Published;
 pub use task_store::{set_aside, Change, StoreError, StoreSize, TaskStore};

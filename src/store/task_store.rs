@@ -3,9 +3,15 @@
 
 use super::env::StoreEnv;
 use super::lock::{LockError, TaskLock};
+use super::published::Published;
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a closing task waits for queries still reading its database.
+const READERS_WAIT: Duration = Duration::from_secs(10);
 
 const META_CF: &str = "meta";
 
@@ -102,11 +108,15 @@ pub fn set_aside(dir: &Path, why: &dyn std::fmt::Display) -> Result<PathBuf, Sto
 
 /// All stores of one task, with uncommitted writes kept in memory.
 pub struct TaskStore {
-    db: DB,
+    /// Shared only with queries reading it (through `published`), for the length of a read.
+    db: Arc<DB>,
     dir: PathBuf,
     names: Vec<String>,
     overlays: Vec<HashMap<Vec<u8>, Option<Vec<u8>>>>,
     changes: Vec<Change>,
+    published: Arc<Published>,
+    /// The (pipeline, partition) this store is published as, while it is.
+    serving: Option<(String, i32)>,
     /// Declared last: the database closes before the directory is unlocked.
     _lock: TaskLock,
 }
@@ -131,13 +141,22 @@ impl TaskStore {
             source,
         })?;
         Ok(Self {
-            db,
+            db: Arc::new(db),
             dir: dir.to_path_buf(),
             names: names.to_vec(),
             overlays: vec![HashMap::new(); names.len()],
             changes: Vec::new(),
+            published: env.published().clone(),
+            serving: None,
             _lock: lock,
         })
+    }
+
+    /// Opens the committed data to queries as `pipeline`'s task for `partition` (once the task
+    /// is restored and processing), until the store is dropped.
+    pub fn publish(&mut self, pipeline: &str, partition: i32) {
+        self.published.insert(pipeline, partition, &self.db);
+        self.serving = Some((pipeline.to_string(), partition));
     }
 
     /// Opens the task database like [`TaskStore::open`]; a database RocksDB reports corrupt is moved
@@ -362,161 +381,28 @@ impl TaskStore {
     }
 }
 
+impl Drop for TaskStore {
+    /// Withdraws the store from queries and waits for reads under way: the database must close
+    /// before the directory lock goes (the fields drop after this, in order), or this task
+    /// reopened in this process after a rebalance would find its database still open.
+    fn drop(&mut self) {
+        let Some((pipeline, partition)) = self.serving.take() else {
+            return;
+        };
+        self.published.remove(&pipeline, partition);
+        let deadline = Instant::now() + READERS_WAIT;
+        while Arc::strong_count(&self.db) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if Arc::strong_count(&self.db) > 1 {
+            tracing::warn!(dir = %self.dir.display(), "a query still reads the closing task's store; it closes when the read ends");
+        }
+    }
+}
+
 fn offset_key(store: &str) -> Vec<u8> {
     format!("changelog_offset/{store}").into_bytes()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn open(dir: &Path) -> TaskStore {
-        TaskStore::open(dir, &["dedup".to_string()], &StoreEnv::default()).expect("opens")
-    }
-
-    #[test]
-    fn uncommitted_writes_are_visible_but_not_durable() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        {
-            let mut s = open(tmp.path());
-            s.put(0, b"k1", vec![1]);
-            assert_eq!(s.get(0, b"k1").expect("reads"), Some(vec![1]));
-            assert_eq!(s.take_changes().len(), 1);
-        }
-        let s = open(tmp.path());
-        assert_eq!(s.get(0, b"k1").expect("reads"), None, "overlay never reached disk");
-        assert_eq!(s.changelog_offset(0).expect("reads"), None);
-    }
-
-    #[test]
-    fn commit_writes_data_and_offset_together_and_abort_drops() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        {
-            let mut s = open(tmp.path());
-            s.put(0, b"a", vec![1]);
-            assert!(
-                matches!(s.commit(&[(0, 41)]), Err(StoreError::Unlogged(_, 1))),
-                "a write never taken for the changelog is refused"
-            );
-            assert_eq!(s.take_changes().len(), 1);
-            s.commit(&[(0, 41)]).expect("commits");
-            s.put(0, b"b", vec![2]);
-            s.delete(0, b"a");
-            assert_eq!(s.get(0, b"a").expect("reads"), None, "delete visible in overlay");
-            s.abort();
-            assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
-            assert!(s.take_changes().is_empty(), "abort drops queued changelog records");
-        }
-        let s = open(tmp.path());
-        assert_eq!(s.get(0, b"a").expect("reads"), Some(vec![1]));
-        assert_eq!(s.get(0, b"b").expect("reads"), None);
-        assert_eq!(s.changelog_offset(0).expect("reads"), Some(41));
-    }
-
-    #[test]
-    fn restore_applies_records_and_wipe_clears_everything() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = open(tmp.path());
-        let records = vec![
-            (b"x".to_vec(), Some(vec![7])),
-            (b"y".to_vec(), Some(vec![8])),
-            (b"x".to_vec(), None),
-        ];
-        s.apply_restored(0, &records, 99).expect("applies");
-        assert_eq!(s.scan(0).expect("scan").count(), 1);
-        s.apply_restored(0, &[(b"z".to_vec(), Some(vec![9]))], 100)
-            .expect("applies");
-        let after_y: Vec<Vec<u8>> = s
-            .scan_after(0, Some(b"y"))
-            .expect("scan")
-            .map(|e| e.expect("entry").0.to_vec())
-            .collect();
-        assert_eq!(after_y, vec![b"z".to_vec()], "strictly after the key");
-        assert_eq!(s.changelog_offset(0).expect("reads"), Some(100));
-        assert!(s.has_data(0).expect("reads"));
-        s.wipe(0).expect("wipes");
-        assert!(!s.has_data(0).expect("reads"));
-        assert_eq!(s.changelog_offset(0).expect("reads"), None);
-    }
-
-    #[test]
-    fn sizes_count_committed_keys_and_bytes_but_not_the_overlay() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = open(tmp.path());
-        let empty = s.sizes().expect("sizes");
-        assert_eq!((empty[0].name.as_str(), empty[0].keys), ("dedup", 0));
-        s.put(0, b"a", vec![1; 100]);
-        s.put(0, b"b", vec![2; 100]);
-        s.take_changes();
-        s.commit(&[(0, 1)]).expect("commits");
-        s.put(0, b"c", vec![3; 100]);
-        let sizes = s.sizes().expect("sizes");
-        assert_eq!(sizes[0].keys, 2, "the uncommitted key is not counted");
-        assert!(sizes[0].bytes >= 200, "the memtable holds both values: {sizes:?}");
-    }
-
-    #[test]
-    fn a_corrupt_database_is_moved_aside_and_opened_empty() {
-        let parent = tempfile::tempdir().expect("tempdir");
-        let dir = parent.path().join("task");
-        {
-            let mut s = TaskStore::open(&dir, &["dedup".to_string()], &StoreEnv::default()).expect("opens");
-            s.put(0, b"k", b"v".to_vec());
-            s.take_changes();
-            s.commit(&[(0, 5)]).expect("commits");
-        }
-        std::fs::write(dir.join("CURRENT"), b"garbage without a newline").expect("corrupts");
-        assert!(matches!(
-            TaskStore::open(&dir, &["dedup".to_string()], &StoreEnv::default()),
-            Err(StoreError::Rocks { .. })
-        ));
-        let (s, rebuilt) =
-            TaskStore::open_or_rebuild(&dir, &["dedup".to_string()], &StoreEnv::default()).expect("rebuilt");
-        assert!(rebuilt);
-        assert!(!s.has_data(0).expect("reads"), "empty, for a full restore");
-        assert_eq!(s.changelog_offset(0).expect("reads"), None);
-        let aside: Vec<_> = std::fs::read_dir(parent.path())
-            .expect("lists")
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with("task.corrupt-"))
-            .collect();
-        assert_eq!(aside.len(), 1, "the corrupt copy is kept for inspection");
-    }
-
-    #[test]
-    fn a_corrupt_changelog_offset_means_a_full_restore() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = open(tmp.path());
-        s.put(0, b"k", b"v".to_vec());
-        s.take_changes();
-        s.commit(&[(0, 5)]).expect("commits");
-        let meta = s.cf(META_CF).expect("meta family");
-        s.db.put_cf(meta, offset_key("dedup"), b"bad").expect("writes");
-        assert!(matches!(s.changelog_offset(0), Err(StoreError::CorruptOffset(..))));
-        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 100).expect("resumes");
-        assert_eq!(
-            resumed,
-            (0, Some(crate::engine::restore::Rebuild::OffsetCorrupt)),
-            "wiped and read from the changelog's start"
-        );
-        assert!(!s.has_data(0).expect("reads"));
-    }
-
-    #[test]
-    fn a_store_ahead_of_its_changelog_is_rebuilt_from_it() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let mut s = open(tmp.path());
-        s.put(0, b"k", b"v".to_vec());
-        s.take_changes();
-        s.commit(&[(0, 500)]).expect("commits");
-        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 501).expect("resumes");
-        assert_eq!(resumed, (501, None), "caught up: nothing to read");
-        let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 40).expect("resumes");
-        assert_eq!(
-            resumed,
-            (0, Some(crate::engine::restore::Rebuild::PastChangelogEnd)),
-            "a changelog created again: wiped, read from its start"
-        );
-        assert!(!s.has_data(0).expect("reads"));
-    }
-}
+mod tests;

@@ -40,6 +40,37 @@ pub struct Topology {
     pub trace: Option<TraceSettings>,
     /// The live reconciler reading the trace topic, when configured.
     pub reconcile: Option<ReconcileSettings>,
+    /// The HTTP query API over the stores, when enabled.
+    pub queries: Option<QuerySettings>,
+}
+
+/// The read-only HTTP query API over the instances' stores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuerySettings {
+    /// Where an instance answers, with `{instance}` for its instance id (validated: http or
+    /// https, no path).
+    pub advertised_url: String,
+}
+
+impl QuerySettings {
+    /// The base URL of `instance`, or `None` when its id has characters a host name cannot
+    /// hold (instance ids come from the consumer group, which any client may join).
+    pub fn url_of(&self, instance: &str) -> Option<String> {
+        let plain = !instance.is_empty()
+            && instance.len() <= 253
+            && instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+        plain.then(|| {
+            self.advertised_url
+                .replace(Self::PLACEHOLDER, instance)
+                .trim_end_matches('/')
+                .to_string()
+        })
+    }
+
+    /// The placeholder of the instance id in `advertised_url`.
+    pub const PLACEHOLDER: &'static str = "{instance}";
 }
 
 /// The trace topic and how much is written to it.
@@ -325,6 +356,22 @@ impl Pipeline {
                 _ => None,
             })
             .max()
+    }
+
+    /// The templates whose rendered keys a store of `kind` holds: the idempotency key for the
+    /// dedup store, each matching route's entity key for versions and merged state, none for
+    /// links (keyed by internal id).
+    pub fn key_templates(&self, kind: StoreKind) -> Vec<&KeyTemplate> {
+        match kind {
+            StoreKind::Dedup => vec![&self.key],
+            StoreKind::Versions | StoreKind::Merged => self
+                .routes
+                .iter()
+                .filter(|r| r.strategy.store() == kind)
+                .filter_map(|r| r.strategy.entity())
+                .collect(),
+            StoreKind::Links => Vec::new(),
+        }
     }
 
     /// The stores the routes need, in a fixed order (their index in a task).

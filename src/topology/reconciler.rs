@@ -83,6 +83,8 @@ impl Topology {
         view.sources.clear();
         view.pipelines.clear();
         view.id_mapping = None;
+        // It has no pipeline stores to query.
+        view.queries = None;
         // Its instances are interchangeable (a Deployment's pods get new names): a static member
         // that is gone would hold its partitions until the session times out.
         view.processing.static_membership = false;

@@ -129,6 +129,14 @@ impl KeyTemplate {
         })
     }
 
+    /// The field references in template order (`["order", "id"]` for `{order.id}`).
+    pub fn field_paths(&self) -> impl Iterator<Item = &[String]> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Field { path, .. } => Some(path.as_slice()),
+            Part::Literal(_) => None,
+        })
+    }
+
     /// Builds the key for one JSON object, in both its forms (see [`RenderedKey`]).
     pub fn render_key(&self, doc: &Map<String, Value>) -> Result<RenderedKey, RenderError> {
         let mut text = String::new();

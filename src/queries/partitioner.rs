@@ -1,0 +1,127 @@
+//! The partition librdkafka's producer gives a keyed record, for the partitioners tally's own
+//! writes may use (`partitioner` in `kafka.properties`, default `consistent_random`): where the
+//! repartition hop sent a key, and so which task holds its state.
+
+use std::collections::BTreeMap;
+
+/// How a producer picks a keyed record's partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Partitioner {
+    /// CRC32 of the key (`consistent`, `consistent_random`).
+    Crc32,
+    /// The Java client's murmur2 (`murmur2`, `murmur2_random`).
+    Murmur2,
+    /// FNV-1a (`fnv1a`, `fnv1a_random`).
+    Fnv1a,
+    /// Not a function of the key (`random`, or a name this build does not know).
+    Unknown,
+}
+
+impl Partitioner {
+    /// The partitioner tally's producers use with these client properties.
+    pub fn of(properties: &BTreeMap<String, String>) -> Self {
+        match properties
+            .get("partitioner")
+            .map_or("consistent_random", String::as_str)
+        {
+            "consistent" | "consistent_random" => Self::Crc32,
+            "murmur2" | "murmur2_random" => Self::Murmur2,
+            "fnv1a" | "fnv1a_random" => Self::Fnv1a,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The partition of `key` among `count`; `None` when it is not a function of the key (an
+    /// empty key goes to a random partition under the `_random` partitioners).
+    pub fn partition(self, key: &[u8], count: i32) -> Option<i32> {
+        let count = u32::try_from(count).ok().filter(|&c| c > 0)?;
+        if key.is_empty() {
+            return None;
+        }
+        let p = match self {
+            Self::Crc32 => crc32(key) % count,
+            Self::Murmur2 => (murmur2(key) & 0x7fff_ffff) % count,
+            // librdkafka takes the absolute value as a signed number, as Sarama does.
+            Self::Fnv1a => (fnv1a(key) as i32).wrapping_abs() as u32 % count,
+            Self::Unknown => return None,
+        };
+        i32::try_from(p).ok()
+    }
+}
+
+/// CRC-32 (IEEE, as zlib and librdkafka's `rd_crc32`).
+fn crc32(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// Murmur2 as the Java client's `Utils.murmur2` (and librdkafka's `rd_murmur2`): little-endian
+/// words, Kafka's seed.
+fn murmur2(bytes: &[u8]) -> u32 {
+    murmur2::murmur2(bytes, murmur2::KAFKA_SEED)
+}
+
+/// 32-bit FNV-1a (librdkafka's `rd_fnv1a`).
+fn fnv1a(bytes: &[u8]) -> u32 {
+    const_fnv1a_hash::fnv1a_hash_32(bytes, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::bindings as rd;
+    use std::ffi::c_void;
+
+    type Native =
+        unsafe extern "C" fn(*const rd::rd_kafka_topic_t, *const c_void, usize, i32, *mut c_void, *mut c_void) -> i32;
+
+    /// librdkafka's own partitioner; the deterministic ones read neither the topic nor the
+    /// opaques, so null pointers stand in for them.
+    fn native(f: Native, key: &[u8], count: i32) -> i32 {
+        // SAFETY: `key` is valid for `key.len()` bytes; the functions read nothing else.
+        unsafe {
+            f(
+                std::ptr::null(),
+                key.as_ptr().cast(),
+                key.len(),
+                count,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
+    }
+
+    #[test]
+    fn partitions_match_librdkafka_for_every_deterministic_partitioner() {
+        let cases: [(Partitioner, Native); 3] = [
+            (Partitioner::Crc32, rd::rd_kafka_msg_partitioner_consistent),
+            (Partitioner::Murmur2, rd::rd_kafka_msg_partitioner_murmur2),
+            (Partitioner::Fnv1a, rd::rd_kafka_msg_partitioner_fnv1a),
+        ];
+        for (ours, theirs) in cases {
+            for n in 0..500u32 {
+                let key = format!("PAY-{n}{}", "x".repeat((n % 7) as usize));
+                for count in [1, 2, 3, 7, 12, 1000] {
+                    assert_eq!(
+                        ours.partition(key.as_bytes(), count),
+                        Some(native(theirs, key.as_bytes(), count)),
+                        "{ours:?} {key} of {count}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_partitioner_comes_from_the_properties_and_randomness_is_unknown() {
+        let props = |v: &str| BTreeMap::from([("partitioner".to_string(), v.to_string())]);
+        assert_eq!(Partitioner::of(&BTreeMap::new()), Partitioner::Crc32);
+        assert_eq!(Partitioner::of(&props("murmur2_random")), Partitioner::Murmur2);
+        assert_eq!(Partitioner::of(&props("fnv1a")), Partitioner::Fnv1a);
+        assert_eq!(Partitioner::of(&props("random")), Partitioner::Unknown);
+        assert_eq!(Partitioner::Unknown.partition(b"k", 3), None);
+        assert_eq!(Partitioner::Crc32.partition(b"", 3), None, "empty keys go anywhere");
+        assert_eq!(Partitioner::Crc32.partition(b"k", 0), None);
+        // The Java client's value for "21" (Kafka's own test of Utils.murmur2).
+        assert_eq!(murmur2(b"21") as i32, -973_932_308);
+    }
+}
