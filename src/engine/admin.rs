@@ -262,8 +262,7 @@ fn create(admin: &AdminClient<DefaultClientContext>, rt: &Handle, new: &NewTopic
 
 /// For an authorization failure, `; ` and what to grant; else nothing.
 fn fix(code: RDKafkaErrorCode) -> String {
-    // As a global error: rdkafka gives an `AdminOp` error no code to classify by.
-    match errors::classify(&KafkaError::Global(code)) {
+    match errors::classify(&KafkaError::AdminOp(code)) {
         errors::ErrorClass::Refused => format!("; {}", errors::refusal_fix(code)),
         _ => String::new(),
     }

@@ -19,15 +19,23 @@ pub enum ErrorClass {
     Fatal,
 }
 
-/// Classifies an error from a producer, consumer or transaction call.
+/// The librdkafka error code `err` carries. rdkafka's own `rdkafka_error_code` gives none for
+/// an admin operation's error, which has one: without it a broker that dropped the connection
+/// while tally read its topics' configuration at start looked like an unknown failure, and the
+/// instance exited instead of waiting (a chaos run caught it).
+pub fn code(err: &KafkaError) -> Option<RDKafkaErrorCode> {
+    match err {
+        KafkaError::AdminOp(code) => Some(*code),
+        other => other.rdkafka_error_code(),
+    }
+}
+
+/// Classifies an error from a producer, consumer, admin or transaction call.
 pub fn classify(err: &KafkaError) -> ErrorClass {
-    if err
-        .rdkafka_error_code()
-        .is_some_and(|code| is_fencing(code) || is_stale_membership(code))
-    {
+    if code(err).is_some_and(|code| is_fencing(code) || is_stale_membership(code)) {
         return ErrorClass::Fenced;
     }
-    if err.rdkafka_error_code().is_some_and(is_refusal) {
+    if code(err).is_some_and(is_refusal) {
         return ErrorClass::Refused;
     }
     if let KafkaError::Transaction(e) = err {
@@ -41,7 +49,7 @@ pub fn classify(err: &KafkaError) -> ErrorClass {
             return ErrorClass::Retriable;
         }
     }
-    match err.rdkafka_error_code() {
+    match code(err) {
         Some(
             RDKafkaErrorCode::QueueFull
             | RDKafkaErrorCode::RequestTimedOut
@@ -254,13 +262,13 @@ impl EngineError {
     }
 
     fn refused(err: KafkaError, during: &str) -> Self {
-        let what = match err.rdkafka_error_code() {
+        let what = match code(&err) {
             Some(RDKafkaErrorCode::SaslAuthenticationFailed | RDKafkaErrorCode::Authentication) => {
                 "rejected this instance's credentials"
             }
             _ => "refused this instance's principal",
         };
-        let fix = err.rdkafka_error_code().map_or(GENERIC_FIX, refusal_fix);
+        let fix = code(&err).map_or(GENERIC_FIX, refusal_fix);
         EngineError::Config(anyhow::Error::new(err).context(format!(
             "{during}: the Kafka cluster {what}; {fix}, then start tally again"
         )))
@@ -416,6 +424,21 @@ mod tests {
             EngineError::from_any(anyhow::anyhow!("connection reset"), "restoring"),
             EngineError::Transient(_)
         ));
+    }
+
+    #[test]
+    fn an_admin_operation_error_is_classified_by_its_code() {
+        let dropped = anyhow::Error::new(KafkaError::AdminOp(RDKafkaErrorCode::BrokerTransportFailure))
+            .context("cannot read the configuration of the topics tally writes");
+        assert!(worth_waiting(&dropped), "a dropped connection at start is waited out");
+        assert_eq!(
+            classify(&KafkaError::AdminOp(RDKafkaErrorCode::TopicAuthorizationFailed)),
+            ErrorClass::Refused
+        );
+        assert_eq!(
+            code(&KafkaError::AdminOp(RDKafkaErrorCode::RequestTimedOut)),
+            Some(RDKafkaErrorCode::RequestTimedOut)
+        );
     }
 
     #[test]

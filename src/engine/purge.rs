@@ -58,7 +58,7 @@ impl Purger {
                 Ok(done) => {
                     for e in done.elements() {
                         if let Err(err) = e.error() {
-                            let fix = match err.rdkafka_error_code() {
+                            let fix = match super::errors::code(&err) {
                                 Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
                                     "; grant this principal Delete on the topics prefixed `<application_id>-` \
                                      (README.md, \"Secured clusters\")"
