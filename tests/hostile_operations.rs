@@ -80,7 +80,8 @@ fn a_corrupt_task_store_is_moved_aside_rebuilt_from_its_changelog_and_counted() 
 }
 
 #[test]
-fn an_unreadable_stored_value_is_rebuilt_from_its_changelog_and_one_the_changelog_holds_stops_tally_with_the_fix() {
+fn an_unreadable_stored_value_is_rebuilt_from_its_changelog_and_one_the_changelog_holds_costs_its_records_a_dead_letter(
+) {
     let names = Names::new("unreadable-value");
     create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -124,8 +125,8 @@ fn an_unreadable_stored_value_is_rebuilt_from_its_changelog_and_one_the_changelo
         .count();
     assert_eq!(aside, 1, "the damaged directory is kept for a look");
 
-    // The same damage written into the changelog comes back after every rebuild: tally stops
-    // and says how to remove the key, instead of rebuilding in a loop.
+    // The same damage written into the changelog comes back after the rebuild: the record that
+    // meets it is dead-lettered with its bytes and the fix, and the partition goes on.
     let changelog = names.changelog("payments");
     let last = read_committed(&changelog, 1, Duration::from_secs(20))
         .into_iter()
@@ -137,19 +138,33 @@ fn an_unreadable_stored_value_is_rebuilt_from_its_changelog_and_one_the_changelo
         headers: Vec::new(),
     };
     produce_to(&changelog, 0, &[damaged]);
-    produce(&names.input, &payments(0..25));
+    let again = payments(0..25);
+    produce(&names.input, &again);
+    produce(&names.input, &payments(25..30));
     let mut third = Tally::start(&topology, "i1", dir.path().join("third.log"));
-    let status = third
-        .exit_within(Duration::from_secs(120))
-        .expect("tally stops on its own");
-    assert!(!status.success(), "a stop for an operator, not a clean one");
-    let log = std::fs::read_to_string(dir.path().join("third.log")).expect("log");
-    assert!(
-        log.contains("tally reset") && log.contains("--key"),
-        "names the command that removes the key: {log}"
+    let out = read_committed(&names.output, 30, Duration::from_secs(120));
+    let dlq = read_committed(&names.dlq, 1, Duration::from_secs(20));
+    assert!(third.exited().is_none(), "one unreadable value stops nothing");
+    let lines = third.stop();
+    assert_eq!(out.len(), 30, "the 5 new payments pass, the 25 repeats stay duplicates");
+    assert_eq!(dlq.len(), 1, "exactly the record meeting the unreadable value");
+    assert_eq!(
+        header(&dlq[0], "tally.error.reason").as_deref(),
+        Some("unreadable_state")
     );
-    let out = read_committed(&names.output, 25, Duration::from_secs(20));
-    assert_eq!(out.len(), 25, "nothing written twice meanwhile");
+    let detail = header(&dlq[0], "tally.error.detail").unwrap_or_default();
+    assert!(detail.contains("tally reset"), "the detail names the fix: {detail}");
+    let payload = rdkafka::Message::payload(&dlq[0]).expect("the record's bytes");
+    assert!(again.iter().any(|r| r.payload == payload), "the input's own bytes");
+    assert_eq!(
+        events(
+            &lines,
+            "a task's state cannot be read; rebuilding it from its changelog"
+        )
+        .len(),
+        1,
+        "rebuilt once, not in a loop"
+    );
 }
 
 /// Replaces every value of every store in the task database at `dir` (not its changelog

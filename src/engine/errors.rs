@@ -206,9 +206,10 @@ pub enum EngineError {
     /// settings, a full volume). The instance stops, and `/health/live` fails with the fix.
     #[error("{0:#}")]
     Config(anyhow::Error),
-    /// Internal: a task's local state cannot be read (a stored value this tally cannot decode).
-    /// The task's directory is moved aside and restored from its changelog; when the value
-    /// comes back from the changelog, the instance stops and says how to remove it.
+    /// Internal: a task's local state cannot be read (RocksDB finds its database damaged, or a
+    /// stored value does not decode). The task's directory is moved aside and restored from its
+    /// changelog; a value that comes back from the changelog then costs each record meeting it a
+    /// dead letter, and damage found again stops the instance (a failing disk).
     #[error("corrupt state in {}: {source:#}", dir.display())]
     Corrupt {
         /// The task's state directory.

@@ -10,8 +10,8 @@ use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
 use crate::processors::dedup;
 use crate::processors::state::StateError;
-use crate::processors::{Input, PipelineProcessor, Rejection};
-use crate::store::TaskStore;
+use crate::processors::{Input, PipelineProcessor, Reason, Rejection};
+use crate::store::{StoreError, TaskStore};
 use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
 use crate::wire::SOURCE_KEY_HEADER;
@@ -102,11 +102,15 @@ pub struct PipelineTask {
     expiry_cursor: Option<Vec<u8>>,
     /// Size gauges of the stores, created on the first report and removed with the task.
     store_gauges: Option<StoreGauges>,
+    /// True when the store was rebuilt from its changelog because a value could not be read:
+    /// a value still unreadable came from the changelog, and costs its records a dead letter.
+    changelog_may_hold_unreadable: bool,
 }
 
 impl PipelineTask {
     /// A task for `partition` of `application_id`'s pipeline, doing `work`, deleting expired
-    /// keys every `expiry_every`.
+    /// keys every `expiry_every`; `rebuilt` when its store was rebuilt from the changelog for
+    /// an unreadable value.
     pub fn new(
         application_id: &str,
         partition: i32,
@@ -114,6 +118,7 @@ impl PipelineTask {
         mut work: Work,
         sinks: Sinks,
         expiry_every: Duration,
+        rebuilt: bool,
     ) -> Self {
         let pipeline = processor.pipeline();
         // Restored and about to process: its committed data may answer queries from now until
@@ -150,6 +155,7 @@ impl PipelineTask {
             last_expiry: Instant::now(),
             expiry_cursor: None,
             store_gauges: None,
+            changelog_may_hold_unreadable: rebuilt,
         }
     }
 
@@ -168,6 +174,13 @@ impl PipelineTask {
             .map_err(|e| ProcessError::Engine(state_failure(store.dir(), e)))?;
         self.emit.changes(producer, changelogs, store.take_changes())?;
         self.emit.counts.expired += step.deleted as u64;
+        if step.unreadable > 0 {
+            tracing::warn!(
+                task = %pipeline.task_name(self.emit.partition),
+                entries = step.unreadable,
+                "dedup entries whose value cannot be read are kept by expiry; a record meeting one is dead-lettered"
+            );
+        }
         self.expiry_cursor = step.resume_after;
         if self.expiry_cursor.is_none() {
             self.last_expiry = Instant::now();
@@ -277,10 +290,14 @@ impl Task for PipelineTask {
                 if !*repartitioned {
                     emit.counts.records_in += 1;
                 }
-                let processed = self
-                    .processor
-                    .process(&input, store)
-                    .map_err(|e| ProcessError::Engine(state_failure(store.dir(), e)))?;
+                let processed = match self.processor.process(&input, store) {
+                    Ok(processed) => processed,
+                    Err(e) => match unreadable(&e, self.changelog_may_hold_unreadable) {
+                        // Strategies read before they write: the record left no state behind.
+                        Some(rejection) => self.processor.refuse(&input, rejection),
+                        None => return Err(ProcessError::Engine(state_failure(store.dir(), e))),
+                    },
+                };
                 // The source's place (headers after a repartition) is read once, and only when a
                 // trace record or a dead letter needs it.
                 let place = OnceCell::new();
@@ -391,7 +408,30 @@ fn input_of<'a>(msg: &'a BorrowedMessage<'_>, correlation_header: &str) -> Input
     }
 }
 
-/// The domain of a strategy's failure to read or write the state of the task in `dir`.
+/// The dead-letter reason for a record whose state cannot be decoded, when that is what `e`
+/// says and a rebuild would not help: the value is in the task's changelog (the store was
+/// already rebuilt from it, `changelog_may_hold_it`), or in the ID-mapping store, which is
+/// rebuilt from its topic only at a start. `None` leaves `e` to [`state_failure`].
+fn unreadable(e: &StateError, changelog_may_hold_it: bool) -> Option<Rejection> {
+    let detail = match e {
+        StateError::Codec { store, key, source } if changelog_may_hold_it => format!(
+            "the state of `{key}` in store `{store}` cannot be read ({source}) and came back from the changelog \
+             when the store was rebuilt: remove it with `tally reset <topology> --pipeline <pipeline> --key <key> \
+             --execute`, or run the tally version that wrote it, then replay this record"
+        ),
+        StateError::Store(StoreError::CorruptValue { path, key, source }) => format!(
+            "the ID mapping of `{key}` cannot be read ({source}): stop tally, remove {} so that it is rebuilt \
+             from the ID-mapping topic at the next start, then replay this record",
+            path.display()
+        ),
+        _ => return None,
+    };
+    Some(Rejection::new(Reason::UnreadableState, detail))
+}
+
+/// The domain of a strategy's failure to read or write the state of the task in `dir`: an
+/// unreadable value makes the task rebuild its store from the changelog (local damage is
+/// repaired; a value the changelog holds is dead-lettered from then on, see [`unreadable`]).
 fn state_failure(dir: &std::path::Path, e: StateError) -> EngineError {
     match e {
         StateError::Codec { .. } => EngineError::Corrupt {
@@ -403,13 +443,18 @@ fn state_failure(dir: &std::path::Path, e: StateError) -> EngineError {
     }
 }
 
-/// The domain of a store failure: writes never logged are a bug, the rest RocksDB's or the
-/// filesystem's (a full one stops the instance).
-pub fn store_failure(e: crate::store::StoreError, during: &str) -> EngineError {
+/// The domain of a store failure: writes never logged are a bug, a database RocksDB finds
+/// damaged is rebuilt from its changelog, the rest is RocksDB's or the filesystem's (a full
+/// one stops the instance).
+pub fn store_failure(e: StoreError, during: &str) -> EngineError {
+    if let Some(dir) = e.damaged_database() {
+        return EngineError::Corrupt {
+            dir: dir.to_path_buf(),
+            source: anyhow::Error::new(e).context(during.to_string()),
+        };
+    }
     match e {
-        crate::store::StoreError::Unlogged(..) => {
-            EngineError::Internal(anyhow::Error::new(e).context(during.to_string()))
-        }
+        StoreError::Unlogged(..) => EngineError::Internal(anyhow::Error::new(e).context(during.to_string())),
         e => EngineError::from_any(anyhow::Error::new(e), during),
     }
 }
@@ -447,5 +492,37 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::StorageFull),
         });
         assert!(matches!(state_failure(dir, full), EngineError::Config(_)));
+        let offset = StateError::Store(StoreError::CorruptOffset(dir.to_path_buf(), "dedup".into()));
+        assert!(matches!(state_failure(dir, offset), EngineError::Corrupt { .. }));
+    }
+
+    #[test]
+    fn an_unreadable_value_is_a_dead_letter_once_the_changelog_holds_it_and_always_in_the_mappings() {
+        let codec = || StateError::Codec {
+            store: "dedup".into(),
+            key: "p-1:SETTLED".into(),
+            source: CodecError::UnknownFormat(9),
+        };
+        assert_eq!(unreadable(&codec(), false), None, "first the store is rebuilt");
+        let rejection = unreadable(&codec(), true).expect("then a dead letter");
+        assert_eq!(rejection.reason, Reason::UnreadableState);
+        assert!(
+            rejection.detail.contains("p-1:SETTLED") && rejection.detail.contains("tally reset"),
+            "{}",
+            rejection.detail
+        );
+        let mapping = StateError::Store(StoreError::CorruptValue {
+            path: PathBuf::from("/state/app/global-mappings"),
+            key: "crm:C-1".into(),
+            source: CodecError::UnknownFormat(9),
+        });
+        let rejection = unreadable(&mapping, false).expect("the mappings are rebuilt only at a start");
+        assert!(
+            rejection.detail.contains("/state/app/global-mappings"),
+            "{}",
+            rejection.detail
+        );
+        let missing = StateError::MissingStore("dedup");
+        assert_eq!(unreadable(&missing, true), None, "a bug is no record's fault");
     }
 }

@@ -49,6 +49,9 @@ pub struct ExpiryStep {
     /// The last key looked at when the step stopped before the store's end; `None` when the
     /// pass is complete.
     pub resume_after: Option<Vec<u8>>,
+    /// Entries whose value cannot be decoded, so their age is unknown: kept (a record meeting
+    /// one is dead-lettered or its task rebuilt, see `engine::task`).
+    pub unreadable: usize,
 }
 
 /// Looks at up to `batch` committed keys after `after` (from the start when `None`) and deletes
@@ -67,6 +70,7 @@ pub fn expire(
     let mut expired = Vec::new();
     let mut last = None;
     let mut seen = 0;
+    let mut unreadable = 0;
     for item in store.scan_after(index, after)? {
         if seen == batch {
             break;
@@ -80,11 +84,11 @@ pub fn expire(
             Some(None) => None,
             Some(Some(pending)) => Some(pending),
         };
-        if let Some(value) = value {
-            let entry: DedupEntry = state::decode(store, index, &key, value)?;
-            if entry.first_seen_ms <= cutoff {
-                expired.push(key.to_vec());
-            }
+        match value.map(|v| state::decode::<DedupEntry>(store, index, &key, v)) {
+            Some(Ok(entry)) if entry.first_seen_ms <= cutoff => expired.push(key.to_vec()),
+            Some(Err(StateError::Codec { .. })) => unreadable += 1,
+            Some(Err(e)) => return Err(e),
+            _ => {}
         }
         last = Some(key);
     }
@@ -94,6 +98,7 @@ pub fn expire(
     Ok(ExpiryStep {
         deleted: expired.len(),
         resume_after: if seen == batch { last.map(|k| k.to_vec()) } else { None },
+        unreadable,
     })
 }
 
@@ -179,6 +184,22 @@ mod tests {
             Admission::Duplicate,
             "the fresh entry survived the expiry pass"
         );
+    }
+
+    #[test]
+    fn expiry_counts_an_unreadable_entry_keeps_it_and_goes_on() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let retention = Duration::from_secs(10);
+        admit(&mut s, 0, k("a"), 1_000, retention).expect("ok");
+        s.put(0, b"b", vec![0xEE]);
+        admit(&mut s, 0, k("c"), 1_000, retention).expect("ok");
+        s.take_changes();
+        s.commit(&[]).expect("commit");
+        let step = expire(&mut s, 0, 20_000, retention, None, 100).expect("an unreadable entry is no error");
+        assert_eq!((step.deleted, step.unreadable), (2, 1));
+        let deleted: Vec<Vec<u8>> = s.take_changes().into_iter().map(|c| c.key).collect();
+        assert_eq!(deleted, [b"a".to_vec(), b"c".to_vec()], "the unreadable entry is kept");
     }
 
     #[test]

@@ -84,6 +84,19 @@ pub enum StoreError {
     Unlogged(PathBuf, usize),
 }
 
+impl StoreError {
+    /// The directory of a database found damaged (RocksDB's checksums failed, or a stored
+    /// changelog offset is not one), when that is this failure: rebuilding it from its
+    /// changelog repairs it.
+    pub fn damaged_database(&self) -> Option<&Path> {
+        match self {
+            StoreError::Rocks { path, source } if source.kind() == rocksdb::ErrorKind::Corruption => Some(path),
+            StoreError::CorruptOffset(path, _) => Some(path),
+            _ => None,
+        }
+    }
+}
+
 /// Moves a database RocksDB reports corrupt to `<dir>.corrupt-<ms since the epoch>`, for an
 /// operator to look at until the stale-directory cleaner removes it; returns where it went.
 pub(super) fn move_aside(dir: &Path, error: &dyn std::fmt::Display) -> Result<PathBuf, StoreError> {

@@ -35,6 +35,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use rebalance::StreamContext;
 use repeated_errors::RepeatedErrors;
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -100,7 +101,7 @@ pub fn run(cfg: ThreadConfig) {
     let mut backoff = Duration::from_millis(500);
     let mut rebuilt = HashSet::new();
     loop {
-        match generation(&cfg) {
+        match generation(&cfg, &rebuilt) {
             Ok(()) => return,
             Err(EngineError::TaskMigrated(why)) => {
                 tracing::warn!(thread = cfg.index, why = %format!("{why:#}"), "tasks migrated; closing them and rejoining the group");
@@ -108,11 +109,12 @@ pub fn run(cfg: ThreadConfig) {
             }
             Err(EngineError::Config(e)) => return stop(&cfg, &e),
             Err(EngineError::Corrupt { dir, source }) => {
+                // A value the changelog holds is dead-lettered after the first rebuild (see
+                // `task::unreadable`): damage found again is the disk's.
                 if !rebuilt.insert(dir.clone()) {
                     let e = source.context(format!(
-                        "the state in {} could not be read again after it was rebuilt from its changelog, so the \
-                         changelog holds it: remove the key with `tally reset <topology> --pipeline <pipeline> --key \
-                         <key> --execute` (all instances stopped), or run the tally version that wrote it",
+                        "the state in {} was found damaged again after it was rebuilt from its changelog: check \
+                         the disk under `state.dir` (its kernel log, SMART), then start tally again",
                         dir.display()
                     ));
                     return stop(&cfg, &e);
@@ -148,7 +150,8 @@ fn stop(cfg: &ThreadConfig, e: &anyhow::Error) {
     cfg.health.engine_failed(why, Remedy::Fix);
 }
 
-fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
+/// One generation; `rebuilt` names the task directories rebuilt for unreadable state so far.
+fn generation(cfg: &ThreadConfig, rebuilt: &HashSet<PathBuf>) -> Result<(), EngineError> {
     let t = &cfg.topology;
     let txn_id = format!("{}-{}-{}", t.application_id, cfg.instance_id, cfg.index);
     // Batches are capped at the write limit too: a batch of small records larger than a topic's
@@ -180,6 +183,7 @@ fn generation(cfg: &ThreadConfig) -> Result<(), EngineError> {
         joined: false,
         last_housekeeping: Instant::now(),
         lookup: (String::new(), 0),
+        rebuilt: rebuilt.clone(),
     };
     let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
         .create_with_context(StreamContext {
@@ -318,6 +322,8 @@ struct ThreadState {
     last_housekeeping: Instant,
     /// The (topic, partition) of the record being processed, reused across records.
     lookup: (String, i32),
+    /// Task directories rebuilt from their changelogs for unreadable state.
+    rebuilt: HashSet<PathBuf>,
 }
 
 impl Drop for ThreadState {
@@ -355,7 +361,7 @@ impl ThreadState {
             let opened = self.opening.swap_remove(i);
             self.cfg.health.restoring(-1);
             let (key, skipped_from) = (opened.key.clone(), opened.skipped_from);
-            let task = opened.into_task(&self.cfg)?;
+            let task = opened.into_task(&self.cfg, &self.rebuilt)?;
             self.tasks.insert(key.clone(), task);
             resume(consumer, &key, skipped_from)?;
         }

@@ -13,6 +13,8 @@ use crate::processors::PipelineProcessor;
 use crate::store::{LockError, StoreError, TaskStore};
 use crate::topology::Stage;
 use anyhow::anyhow;
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -131,10 +133,16 @@ impl Opening {
     }
 
     /// The ready task (call once [`Opening::advance`] said so).
-    pub(super) fn into_task(self, cfg: &ThreadConfig) -> Result<Box<dyn Task>, EngineError> {
+    /// `rebuilt` holds the task directories rebuilt from their changelogs for an unreadable value.
+    pub(super) fn into_task(
+        self,
+        cfg: &ThreadConfig,
+        rebuilt: &HashSet<PathBuf>,
+    ) -> Result<Box<dyn Task>, EngineError> {
         let t = &cfg.topology;
         let (topic, partition) = self.key;
         let not_ready = || EngineError::Internal(anyhow!("task of `{topic}` partition {partition} has no store open"));
+        let rebuilt_store = self.store.as_ref().is_some_and(|s| rebuilt.contains(s.dir()));
         let work = match self.kind {
             Kind::Reconcile(layout) => {
                 tracing::info!(task = %layout.name, topic, "task ready");
@@ -177,6 +185,7 @@ impl Opening {
             work,
             sinks,
             t.processing.expiry_scan_interval,
+            rebuilt_store,
         )))
     }
 }
