@@ -63,6 +63,8 @@ pub struct Metrics {
     pub queries: IntCounterVec,
     /// Events emitted pending-create, per pipeline.
     pub pending_created: IntCounterVec,
+    /// Records of a co-partitioned source on a partition their key does not belong to.
+    pub misplaced: IntCounterVec,
     /// Id links in the global ID-mapping store.
     pub idmap_mappings: IntGauge,
     /// Pending-create markers whose mapping has not arrived.
@@ -159,6 +161,11 @@ impl Metrics {
             &["pipeline"],
         )?;
         let queries = counter_vec("queries_total", "HTTP queries of the stores, by outcome", &["outcome"])?;
+        let misplaced = counter_vec(
+            "records_misplaced_total",
+            "Records of a co-partitioned source on a partition their key does not belong to (their duplicates may pass)",
+            &["pipeline"],
+        )?;
         let pending_created = counter_vec(
             "pending_create_total",
             "Events emitted without the target system's id",
@@ -298,6 +305,7 @@ impl Metrics {
             expired_keys,
             queries,
             pending_created,
+            misplaced,
             idmap_mappings,
             idmap_pending,
             standby_tasks,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use rdkafka::consumer::Consumer;
 use rdkafka::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -90,6 +91,75 @@ fn without_repartition_repushed_duplicates_on_other_partitions_leak() {
         output.len(),
         gen.expected_keys.len()
     );
+}
+
+#[test]
+fn a_co_partitioned_source_is_deduplicated_without_a_hop_and_a_misplaced_record_is_counted() {
+    let names = Names::new("copart");
+    create_topics(&[(&names.input, 3), (&names.output, 3), (&names.dlq, 1)]);
+    let mut gen = generator::payments(1500, 0, 0, 17);
+    // The gateway keys every event, re-pushes included, by its payment id, as a Java producer.
+    for r in &mut gen.records {
+        let v: serde_json::Value = serde_json::from_slice(&r.payload).expect("json");
+        r.key = v["payment_id"].as_str().expect("payment id").as_bytes().to_vec();
+    }
+    produce_partitioned(&names.input, &gen.records, "murmur2_random");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let addr = free_address();
+    let http = [("TALLY_HTTP_ADDRESS", addr.clone())];
+    let tally = Tally::start_example_with("payments-keyed.yaml", &names, dir.path(), "i1", &http);
+    let expected = gen.expected_keys.len();
+    assert_eq!(
+        wait_for_count(&names.output, expected, Duration::from_secs(120)),
+        expected
+    );
+
+    // A copy of a passed event on another partition than its key's: that partition's task has
+    // never seen it, so it passes again; the check counts it and says so.
+    let copy = gen.records[0].clone();
+    let belongs = tally::topology::partitioner::Partitioner::Murmur2
+        .partition(&copy.key, 3)
+        .expect("partition");
+    produce_to(&names.input, (belongs + 1) % 3, &[copy]);
+    assert_eq!(
+        wait_for_count(&names.output, expected + 1, Duration::from_secs(60)),
+        expected + 1
+    );
+    let misplaced = || {
+        let body = http_get(&addr, "/metrics").map(|(_, b)| b).unwrap_or_default();
+        sample(&body, "tally_records_misplaced_total", r#"pipeline="payments""#)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while misplaced() != Some(1.0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(misplaced(), Some(1.0));
+    let lines = tally.stop();
+    let said = events(
+        &lines,
+        "a record of a co-partitioned source is on another partition than its key's",
+    );
+    assert_eq!(said.len(), 1, "said once");
+    assert_eq!(said[0]["belongs_to"], belongs);
+    assert_eq!(
+        events(&lines, "tally stopped")[0]["records_in"],
+        gen.records.len() as u64 + 1
+    );
+
+    let output = read_committed(&names.output, expected + 1, Duration::from_secs(20));
+    let keys: BTreeSet<String> = output.iter().map(business_key).collect();
+    assert_eq!(
+        (output.len(), keys.len()),
+        (expected + 1, expected),
+        "only the misplaced copy twice"
+    );
+    let topics = client()
+        .create::<rdkafka::consumer::BaseConsumer>()
+        .expect("client")
+        .fetch_metadata(None, Duration::from_secs(10))
+        .expect("metadata");
+    let hop = format!("{}-payments-repartition", names.app);
+    assert!(topics.topics().iter().all(|t| t.name() != hop), "no repartition topic");
 }
 
 #[test]

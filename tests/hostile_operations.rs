@@ -266,35 +266,6 @@ fn a_full_state_filesystem_stops_tally_with_the_cause_and_a_restart_loses_nothin
     assert_eq!((out.len(), keys.len()), (3000, 3000), "nothing lost, nothing doubled");
 }
 
-/// Writes `records` to partition `partition` of `topic`.
-fn produce_to(topic: &str, partition: i32, records: &[GeneratedRecord]) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("linger.ms", "20")
-        .create()
-        .expect("producer");
-    for r in records {
-        producer
-            .send(
-                BaseRecord::to(topic)
-                    .key(&r.key)
-                    .payload(&r.payload)
-                    .partition(partition),
-            )
-            .expect("send");
-    }
-    producer.flush(Duration::from_secs(60)).expect("flush");
-}
-
-/// The value of the first sample of `metric` whose labels include `labels`.
-fn sample(metrics: &str, metric: &str, labels: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find(|l| l.starts_with(metric) && l.contains(labels))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 #[test]
 fn a_restore_longer_than_the_poll_interval_runs_between_polls_while_other_partitions_flow() {
     let names = Names::new("long-restore");

@@ -107,6 +107,38 @@ mod tests {
     }
 
     #[test]
+    fn a_co_partitioned_source_skips_the_hop_and_an_unknown_partitioner_is_explained() {
+        let yaml = |co: &str| {
+            format!(
+                "application_id: app\nkafka: {{ bootstrap_servers: b }}\nsources:\n  p: {{ topic: t }}\npipelines:\n  \
+                 - name: pay\n    from: p\n    repartition: {{ key: \"{{id}}\", co_partitioned: {co} }}\n    \
+                 key: \"{{id}}:{{status}}\"\n    to: {{ topic: o }}\ndead_letter: {{ topic: d }}\n"
+            )
+        };
+        let t = load_str("t.yaml", &yaml("murmur2"), |_| None).expect("valid");
+        let p = &t.pipelines[0];
+        assert!(p.repartition.is_none(), "no repartition topic");
+        let co = p.co_partitioned.as_ref().expect("declared");
+        assert_eq!(
+            (co.key.to_string(), co.partitioner.name()),
+            ("{id}".to_string(), "murmur2")
+        );
+        assert_eq!(t.consumed_topics(), ["t"], "the stateful stage reads the source");
+        let wrong = problems(&yaml("murmur3"));
+        assert_eq!(wrong.len(), 2, "a heading and one problem: {wrong:?}");
+        for part in [
+            "t.yaml:8:",
+            "murmur3",
+            "`murmur2`",
+            "`crc32`",
+            "`fnv1a`",
+            "partition count",
+        ] {
+            assert!(wrong[1].contains(part), "{part}: {wrong:?}");
+        }
+    }
+
+    #[test]
     fn the_consumer_group_protocol_refuses_what_it_does_not_take() {
         let consumer = "group_protocol: consumer";
         assert!(problems(&topology("app", "p", consumer, "")).is_empty());

@@ -3,8 +3,10 @@
 use super::diagnostics::Collector;
 use super::raw::{RawMapIds, RawPipeline, RawRoute, Text};
 use super::validate::{kafka_name, positive_duration, required, Known, DEFAULT_RETENTION};
+use crate::topology::partitioner::Partitioner;
 use crate::topology::{
-    CorrelationSpec, KeyTemplate, MapIds, MergeEmit, Output, Pipeline, Repartition, Route, Strategy, MERGE_STATE_FIELDS,
+    CoPartitioning, CorrelationSpec, KeyTemplate, MapIds, MergeEmit, Output, Pipeline, Repartition, Route, Strategy,
+    MERGE_STATE_FIELDS,
 };
 use globset::Glob;
 use serde_saphyr::{Location, Spanned};
@@ -120,22 +122,30 @@ fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known:
             field: cs.field.map(|f| f.value),
         },
     };
-    let repartition = match p.repartition {
-        None => Some(None),
-        Some(r) => required(
-            c,
-            r.value.key,
-            Some(r.referenced),
-            &format!("{label}: `repartition` needs a `key` template, e.g. \"{{payment_id}}\""),
-        )
-        .and_then(|k| template(c, &k, label, "repartition.key"))
-        .map(|key| {
-            let name = name.as_deref().unwrap_or("pipeline");
-            Some(Repartition {
-                key,
-                topic: format!("{}-{name}-repartition", application_id.unwrap_or("app")),
-            })
-        }),
+    let (repartition, co_partitioned) = match p.repartition {
+        None => (Some(None), Some(None)),
+        Some(r) => {
+            let key = required(
+                c,
+                r.value.key,
+                Some(r.referenced),
+                &format!("{label}: `repartition` needs a `key` template, e.g. \"{{payment_id}}\""),
+            )
+            .and_then(|k| template(c, &k, label, "repartition.key"));
+            let declared = match r.value.co_partitioned {
+                None => Some(None),
+                Some(name) => co_partitioner(c, &name, label).map(Some),
+            };
+            match (key, declared) {
+                (Some(key), Some(Some(partitioner))) => (Some(None), Some(Some(CoPartitioning { key, partitioner }))),
+                (Some(key), Some(None)) => {
+                    let name = name.as_deref().unwrap_or("pipeline");
+                    let topic = format!("{}-{name}-repartition", application_id.unwrap_or("app"));
+                    (Some(Some(Repartition { key, topic })), Some(None))
+                }
+                _ => (None, None),
+            }
+        }
     };
     let routes = match p.routes {
         None => Some(vec![default_route()]),
@@ -205,6 +215,7 @@ fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known:
         key: key?,
         correlation,
         repartition: repartition?,
+        co_partitioned: co_partitioned?,
         map_ids: map_ids?,
         routes: routes?,
         output: output?,
@@ -425,6 +436,30 @@ fn route_template(
         }
         Some(t) => template(c, t, label, field),
     }
+}
+
+/// The partitioner `repartition.co_partitioned` names; an unknown name is reported with the
+/// names known and when the declaration is safe.
+fn co_partitioner(c: &mut Collector, name: &Text, label: &str) -> Option<Partitioner> {
+    if let Some(p) = Partitioner::named(name.value.trim()) {
+        return Some(p);
+    }
+    let known: Vec<String> = Partitioner::NAMED
+        .iter()
+        .map(|(n, _, who)| format!("`{n}` ({who})"))
+        .collect();
+    c.at_loc(
+        name.referenced,
+        format!(
+            "{label}: `repartition.co_partitioned` is `{}`; name the partitioner the source's producers use: {}. \
+             Declare it only when every producer keys each record by exactly the text `repartition.key` renders \
+             and the topic's partition count never changes: then every copy of an event is already on one \
+             partition and the repartition hop is skipped. Otherwise remove `co_partitioned` and keep the hop",
+            name.value,
+            known.join(", ")
+        ),
+    );
+    None
 }
 
 fn template(c: &mut Collector, t: &Text, label: &str, what: &str) -> Option<KeyTemplate> {

@@ -258,6 +258,10 @@ pub struct RawRepartition {
     /// Template of the repartition key, e.g. `{payment_id}`.
     #[schemars(with = "Option<String>")]
     pub key: Option<Text>,
+    /// The partitioner (`murmur2`, `crc32` or `fnv1a`) the source's producers already partition
+    /// it by `key` with: the repartition hop is skipped.
+    #[schemars(with = "Option<String>")]
+    pub co_partitioned: Option<Text>,
 }
 
 /// One entry of `routes:`

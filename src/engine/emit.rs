@@ -50,6 +50,8 @@ pub struct Counts {
     pub pending_created: u64,
     /// Dedup keys deleted by expiry.
     pub expired: u64,
+    /// Records of a co-partitioned source on a partition their key does not belong to.
+    pub misplaced: u64,
     /// Dead-lettered by reason.
     pub dead_lettered: BTreeMap<Reason, u64>,
 }

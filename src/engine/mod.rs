@@ -86,23 +86,24 @@ pub async fn run(
     // A cluster that is down or still starting is waited for (readiness stays 503), as Kafka
     // Streams does, instead of exiting into a restart loop; a refusal stops tally at once.
     let mut wait = Duration::from_secs(1);
-    let (write_limit, limited_by) = loop {
+    let (write_limit, limited_by, source_partitions) = loop {
         let t = topology.clone();
         let rt = tokio::runtime::Handle::current();
         let prepared = tokio::task::spawn_blocking(move || {
             // Rejected credentials look like an unreachable cluster to the admin client: tell
             // them apart first, so a wrong password stops tally instead of being waited out.
             credentials::probe(&clients::base(&t), "`kafka.properties`", admin::METADATA_TIMEOUT)?;
-            admin::prepare_topics(&t, &rt)?;
-            match cluster {
+            let partitions = admin::prepare_topics(&t, &rt)?;
+            let (limit, by) = match cluster {
                 Cluster::Kafka => admin::write_limit(&t, &rt),
                 Cluster::Mock => admin::producer_limit(&t),
-            }
+            }?;
+            anyhow::Ok((limit, by, partitions))
         })
         .await
         .context("topic preparation panicked")?;
         match prepared {
-            Ok(limit) => break limit,
+            Ok(prepared) => break prepared,
             Err(e) if errors::worth_waiting(&e) => {
                 tracing::warn!(
                     error = %format!("{e:#}"),
@@ -121,6 +122,7 @@ pub async fn run(
             Err(e) => return Err(e),
         }
     };
+    let source_partitions = Arc::new(source_partitions);
     let max_in = topology.processing.max_record_bytes;
     if max_in > write_limit {
         tracing::warn!(
@@ -220,6 +222,7 @@ pub async fn run(
             standbys: standbys.clone(),
             rejoin: rejoin.clone(),
             write_limit,
+            source_partitions: source_partitions.clone(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         handles.push(supervisor.spawn(format!("tally-stream-{index}"), move || stream_thread::run(cfg))?);

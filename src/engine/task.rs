@@ -298,6 +298,7 @@ impl Task for PipelineTask {
                         None => return Err(ProcessError::Engine(state_failure(store.dir(), e))),
                     },
                 };
+                emit.counts.misplaced += self.processor.take_misplaced();
                 // The source's place (headers after a repartition) is read once, and only when a
                 // trace record or a dead letter needs it.
                 let place = OnceCell::new();

@@ -4,11 +4,11 @@
 use crate::metrics::events::QueryAnswered;
 use crate::metrics::Metrics;
 use crate::queries::keys::lookup;
-use crate::queries::partitioner::Partitioner;
 use crate::queries::routing::{plan, Otherwise, Situation};
 use crate::queries::Shared;
 use crate::recover::state::describe;
 use crate::store::published::Found;
+use crate::topology::partitioner::Partitioner;
 use crate::topology::{Pipeline, QuerySettings, StoreKind, Topology};
 use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -114,7 +114,7 @@ impl QueryApi {
                     "name": p.name,
                     "topic": topic,
                     "stores": p.store_names(),
-                    "key_decides_partition": p.repartition.is_some(),
+                    "key_decides_partition": p.repartition.is_some() || p.co_partitioned.is_some(),
                     "served_here": here,
                     "partitions": partitions,
                 })

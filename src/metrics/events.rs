@@ -38,6 +38,8 @@ pub struct PipelineCommitted<'a> {
     pub pending_created: u64,
     /// Dedup keys deleted by expiry.
     pub expired_keys: u64,
+    /// Records of a co-partitioned source on a partition their key does not belong to.
+    pub misplaced: u64,
     /// Records dead-lettered, by reason.
     pub dead_lettered: &'a BTreeMap<Reason, u64>,
 }
@@ -52,6 +54,7 @@ impl Event for PipelineCommitted<'_> {
         m.stale.with_label_values(&p).inc_by(self.stale);
         m.pending_created.with_label_values(&p).inc_by(self.pending_created);
         m.expired_keys.with_label_values(&p).inc_by(self.expired_keys);
+        m.misplaced.with_label_values(&p).inc_by(self.misplaced);
         for (reason, n) in self.dead_lettered {
             m.dead_lettered
                 .with_label_values(&[self.pipeline, reason.as_str()])
@@ -240,6 +243,7 @@ mod tests {
             stale: 1,
             pending_created: 4,
             expired_keys: 5,
+            misplaced: 7,
             dead_lettered: &dead,
         });
         let p = [("pipeline", "payments")];
@@ -250,6 +254,7 @@ mod tests {
         assert_eq!(value(&m, "stale_total", &p), Some(1.0));
         assert_eq!(value(&m, "pending_create_total", &p), Some(4.0));
         assert_eq!(value(&m, "expired_keys_total", &p), Some(5.0));
+        assert_eq!(value(&m, "records_misplaced_total", &p), Some(7.0));
         let reason = |r: Reason| [("pipeline", "payments"), ("reason", r.as_str())];
         assert_eq!(
             value(&m, "dead_lettered_total", &reason(Reason::InvalidJson)),

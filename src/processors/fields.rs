@@ -34,6 +34,7 @@ impl Fields {
         names.extend(pipeline.correlation.field.iter().cloned());
         let mut templates = vec![&pipeline.key];
         templates.extend(pipeline.repartition.as_ref().map(|r| &r.key));
+        templates.extend(pipeline.co_partitioned.as_ref().map(|c| &c.key));
         templates.extend(pipeline.output.key.as_ref());
         for route in &pipeline.routes {
             if let Strategy::Overwrite { entity, version } = &route.strategy {

@@ -10,9 +10,9 @@ use super::state::{self, StateError, StoreKey};
 use super::version_gate::{self, Gate};
 use crate::store::{GlobalMappings, TaskStore};
 use crate::topology::template::RenderError;
-use crate::topology::{MergeEmit, Pipeline, RenderedKey, StoreKind, Strategy};
+use crate::topology::{CoPartitioning, MergeEmit, Pipeline, RenderedKey, StoreKind, Strategy};
 use serde_json::{Map, Value};
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
 
 /// What the engine knows about a consumed record.
@@ -108,6 +108,13 @@ pub struct PipelineProcessor {
     /// Per store: whether it may still hold text keys of an earlier version, looked up once
     /// (the task's stores are restored before its first record).
     legacy_keys: Vec<OnceCell<bool>>,
+    /// A co-partitioned source's partition count, when known: each record's key is checked
+    /// against the partition it came from.
+    source_partitions: Option<i32>,
+    /// Records found on a partition their key does not belong to, not yet taken.
+    misplaced: Cell<u64>,
+    /// True once a misplaced record was logged (the first one is; the count says the rest).
+    misplaced_said: Cell<bool>,
 }
 
 impl PipelineProcessor {
@@ -123,6 +130,53 @@ impl PipelineProcessor {
             max_record_bytes,
             stores,
             global,
+            source_partitions: None,
+            misplaced: Cell::new(0),
+            misplaced_said: Cell::new(false),
+        }
+    }
+
+    /// Checks every record of a co-partitioned source of `count` partitions against the
+    /// partition its key belongs to.
+    pub fn with_source_partitions(mut self, count: i32) -> Self {
+        self.source_partitions = Some(count);
+        self
+    }
+
+    /// Records found on a partition their key does not belong to since the last call.
+    pub fn take_misplaced(&self) -> u64 {
+        self.misplaced.replace(0)
+    }
+
+    /// Counts (and logs the first) record whose co-partitioning `key` belongs to another
+    /// partition than the one it was read from: its copies elsewhere are not deduplicated with it.
+    fn check_placement(&self, co: &CoPartitioning, key: &str, input: &Input<'_>) {
+        let (topic, partition, offset) = input.coordinates;
+        let Some(count) = self.source_partitions else {
+            return;
+        };
+        let Some(belongs) = co.partitioner.partition(key.as_bytes(), count) else {
+            return;
+        };
+        if belongs == partition {
+            return;
+        }
+        self.misplaced.set(self.misplaced.get() + 1);
+        if !self.misplaced_said.replace(true) {
+            tracing::warn!(
+                pipeline = %self.pipeline.name,
+                topic,
+                partition,
+                offset,
+                key,
+                belongs_to = belongs,
+                partitioner = co.partitioner.name(),
+                consequence = "its copies on other partitions are not deduplicated with it; later ones are \
+                               only counted in tally_records_misplaced_total",
+                fix = "make every producer key by the `repartition.key` text with this partitioner, or remove \
+                       `co_partitioned` to repartition",
+                "a record of a co-partitioned source is on another partition than its key's"
+            );
         }
     }
 
@@ -162,6 +216,13 @@ impl PipelineProcessor {
             Ok(doc) => doc,
             Err(rejection) => return Ok(self.rejected(input, None, rejection)),
         };
+        // As the repartition hop would, a record without its partitioning key is refused.
+        if let Some(co) = &self.pipeline.co_partitioned {
+            match co.key.render(&doc) {
+                Ok(k) => self.check_placement(co, &k, input),
+                Err(e) => return Ok(self.rejected(input, Some(&doc), key_rejection(e, "repartition key"))),
+            }
+        }
         let key = match self.pipeline.key.render_key(&doc) {
             Ok(k) => k,
             Err(e) => return Ok(self.rejected(input, Some(&doc), key_rejection(e, "key"))),

@@ -2,7 +2,7 @@
 //! it) to what a query reads: the stored keys it may be under, and the partitions of the task
 //! input that may hold it.
 
-use super::partitioner::Partitioner;
+use crate::topology::partitioner::Partitioner;
 use crate::topology::template::STORED_KEY_START;
 use crate::topology::{Pipeline, StoreKind};
 use serde_json::{Map, Value};
@@ -23,14 +23,21 @@ pub struct Lookup {
 pub fn lookup(p: &Pipeline, kind: StoreKind, text: &str, partitioner: Partitioner, partition_count: i32) -> Lookup {
     let mut stored: Vec<Vec<u8>> = Vec::new();
     let mut partitions = BTreeSet::new();
-    let mut determined = p.repartition.is_some();
+    // A repartition hop writes with tally's partitioner; a co-partitioned source's producers
+    // with theirs.
+    let partitioning = match (&p.repartition, &p.co_partitioned) {
+        (Some(r), _) => Some((&r.key, partitioner)),
+        (None, Some(c)) => Some((&c.key, c.partitioner)),
+        (None, None) => None,
+    };
+    let mut determined = partitioning.is_some();
     let templates = p.key_templates(kind);
     for template in &templates {
         for candidate in template.stored_keys_for(text) {
-            let partition = p.repartition.as_ref().and_then(|r| {
+            let partition = partitioning.and_then(|(by, partitioner)| {
                 let paths: Vec<&[String]> = template.field_paths().collect();
                 let doc = document(&paths, &field_values(&candidate)?)?;
-                let key = r.key.render(&doc).ok()?;
+                let key = by.render(&doc).ok()?;
                 partitioner.partition(key.as_bytes(), partition_count)
             });
             match partition {
@@ -101,13 +108,14 @@ mod tests {
     use super::*;
     use crate::topology::KeyTemplate;
 
+    /// A pipeline with `repartition: { <repartition> }` when given.
     fn pipeline(repartition: Option<&str>) -> Pipeline {
         let yaml = format!(
             "application_id: app\nkafka: {{ bootstrap_servers: b }}\nsources:\n  p: {{ topic: t }}\npipelines:\n  \
              - name: pay\n    from: p\n{}    key: \"{{order.id}}:{{status}}\"\n    routes:\n      \
              - when: {{ event_type: \"e.*\" }}\n        strategy: overwrite\n        entity: \"{{order.id}}\"\n        \
              version: \"{{v}}\"\n      - strategy: ignore\n    to: {{ topic: o }}\ndead_letter: {{ topic: d }}\n",
-            repartition.map_or(String::new(), |r| format!("    repartition: {{ key: \"{r}\" }}\n"))
+            repartition.map_or(String::new(), |r| format!("    repartition: {{ {r} }}\n"))
         );
         let t = crate::config::load_str("t.yaml", &yaml, |_| None).expect("valid");
         t.pipelines[0].clone()
@@ -133,7 +141,7 @@ mod tests {
 
     #[test]
     fn the_repartition_key_decides_the_partition_when_the_queried_key_holds_its_fields() {
-        let p = pipeline(Some("{order.id}"));
+        let p = pipeline(Some(r#"key: "{order.id}""#));
         let crc = Partitioner::Crc32;
         let dedup = lookup(&p, StoreKind::Dedup, "O-1:PAID", crc, 6);
         let expected = crc.partition(b"O-1", 6).expect("partition");
@@ -158,18 +166,27 @@ mod tests {
     }
 
     #[test]
+    fn a_co_partitioned_source_is_looked_up_with_its_producers_partitioner() {
+        let p = pipeline(Some(r#"key: "{order.id}", co_partitioned: murmur2"#));
+        assert!(p.repartition.is_none(), "no hop");
+        let found = lookup(&p, StoreKind::Dedup, "O-1:PAID", Partitioner::Crc32, 6);
+        let expected = Partitioner::Murmur2.partition(b"O-1", 6).expect("partition");
+        assert_eq!(found.partitions, Some(BTreeSet::from([expected])));
+    }
+
+    #[test]
     fn without_a_determining_repartition_key_every_partition_may_hold_it() {
         let crc = Partitioner::Crc32;
         assert_eq!(
             lookup(&pipeline(None), StoreKind::Dedup, "O-1:PAID", crc, 6).partitions,
             None
         );
-        let other_field = pipeline(Some("{customer}"));
+        let other_field = pipeline(Some(r#"key: "{customer}""#));
         assert_eq!(
             lookup(&other_field, StoreKind::Dedup, "O-1:PAID", crc, 6).partitions,
             None
         );
-        let p = pipeline(Some("{order.id}"));
+        let p = pipeline(Some(r#"key: "{order.id}""#));
         assert_eq!(lookup(&p, StoreKind::Links, "x", crc, 6).partitions, None);
         assert_eq!(
             lookup(&p, StoreKind::Dedup, "no-colon", crc, 6).partitions,

@@ -4,7 +4,6 @@
 //! the task databases it serves and the group's assignment as the group watch last saw it.
 
 pub mod keys;
-pub mod partitioner;
 pub mod routing;
 
 use crate::engine::group_watch::Snapshot;

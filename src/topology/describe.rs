@@ -25,6 +25,14 @@ pub fn describe(t: &Topology) -> String {
         if let Some(r) = &p.repartition {
             let _ = writeln!(s, "    → repartition by {} through topic {}", r.key, r.topic);
         }
+        if let Some(c) = &p.co_partitioned {
+            let _ = writeln!(
+                s,
+                "    → co-partitioned by {} ({}): no repartition hop; records on another partition are counted",
+                c.key,
+                c.partitioner.name()
+            );
+        }
         let _ = writeln!(s, "    → key      {}", p.key);
         let correlation = match (&p.correlation.header, &p.correlation.field) {
             (Some(h), Some(f)) => format!("header `{h}`, else field `{f}`, else derived"),

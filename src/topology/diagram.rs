@@ -73,7 +73,8 @@ fn graph(t: &Topology) -> Graph {
         }
         let routes: Vec<String> = p.routes.iter().map(|r| strategy(&r.strategy)).collect();
         let step = g.node(Kind::Step, format!("{}: key {}; {}", p.name, p.key, routes.join(", ")));
-        g.edge(upstream, step, Line::Flow, None);
+        let co_partitioned = p.co_partitioned.as_ref().map(|_| "co-partitioned, no hop");
+        g.edge(upstream, step, Line::Flow, co_partitioned);
         for name in p.store_names() {
             let store = g.node(Kind::Store, name.clone());
             let changelog = g.node(Kind::Topic, t.changelog_topic(&name));

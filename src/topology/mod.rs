@@ -4,6 +4,7 @@
 
 pub mod describe;
 pub mod diagram;
+pub mod partitioner;
 pub mod reconciler;
 pub mod template;
 
@@ -180,12 +181,26 @@ pub struct Pipeline {
     pub correlation: CorrelationSpec,
     /// Re-keying through an internal topic before the strategies run.
     pub repartition: Option<Repartition>,
+    /// Instead of a repartition hop: the source is declared already partitioned by a key.
+    pub co_partitioned: Option<CoPartitioning>,
     /// Ids to map into the output, looked up in the global store.
     pub map_ids: Vec<MapIds>,
     /// Strategy per event type, first match wins.
     pub routes: Vec<Route>,
     /// Output topic and key.
     pub output: Output,
+}
+
+/// A source declared partitioned by `key` (`repartition: {key, co_partitioned}`): its producers
+/// key every record by the text `key` renders, with `partitioner`, so every copy of a business
+/// event is already in one partition and the stateful part reads the source directly. Each
+/// record is checked, and one on another partition is counted and logged.
+#[derive(Debug, Clone)]
+pub struct CoPartitioning {
+    /// The key the source is partitioned by.
+    pub key: KeyTemplate,
+    /// The source producers' partitioner.
+    pub partitioner: partitioner::Partitioner,
 }
 
 /// A repartition step: records are re-keyed by `key` and written to `topic`, whose partitions

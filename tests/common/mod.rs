@@ -151,9 +151,36 @@ pub fn produce(topic: &str, records: &[GeneratedRecord]) {
 /// Writes records in chunks of `chunk`, pausing `pause` after each, so a run sees input arrive
 /// while it processes.
 pub fn produce_paced(topic: &str, records: &[GeneratedRecord], chunk: usize, pause: Duration) {
+    produce_with(topic, records, chunk, pause, "consistent_random");
+}
+
+/// Writes records as a producer with librdkafka's `partitioner` (e.g. `murmur2_random`, the
+/// Java client's choice) does, and waits until all are acknowledged.
+pub fn produce_partitioned(topic: &str, records: &[GeneratedRecord], partitioner: &str) {
+    produce_with(topic, records, records.len().max(1), Duration::ZERO, partitioner);
+}
+
+/// Writes `records` to partition `partition` of `topic`, whatever their keys.
+pub fn produce_to(topic: &str, partition: i32, records: &[GeneratedRecord]) {
+    let producer: BaseProducer = client().set("linger.ms", "20").create().expect("producer");
+    for r in records {
+        producer
+            .send(
+                BaseRecord::to(topic)
+                    .key(&r.key)
+                    .payload(&r.payload)
+                    .partition(partition),
+            )
+            .expect("send");
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+fn produce_with(topic: &str, records: &[GeneratedRecord], chunk: usize, pause: Duration, partitioner: &str) {
     let producer: BaseProducer = client()
         .set("linger.ms", "20")
         .set("message.max.bytes", "10000000")
+        .set("partitioner", partitioner)
         .create()
         .expect("producer");
     for (i, r) in records.iter().enumerate() {
@@ -386,8 +413,19 @@ impl Tally {
 
     /// Runs one of the example files in `topologies/` with the test's topics and state dir.
     pub fn start_example(example: &str, names: &Names, state: &Path, instance_id: &str) -> Self {
+        Self::start_example_with(example, names, state, instance_id, &[])
+    }
+
+    /// Runs example `example` with `extra` environment besides the test's topics.
+    pub fn start_example_with(
+        example: &str,
+        names: &Names,
+        state: &Path,
+        instance_id: &str,
+        extra: &[(&str, String)],
+    ) -> Self {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("topologies").join(example);
-        Self::start_file(&path, names, state, instance_id)
+        Self::start_file_with(&path, names, state, instance_id, extra)
     }
 
     /// Writes `yaml` (which names the test's topics as `${TALLY_INPUT_TOPIC}` etc., like the
@@ -712,4 +750,12 @@ pub fn erp_write_back(crm: &str, erp: &str) -> GeneratedRecord {
         payload: payload.to_string().into_bytes(),
         headers: vec![],
     }
+}
+
+/// The value of the first sample of `metric` whose labels include `labels`.
+pub fn sample(metrics: &str, metric: &str, labels: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(metric) && l.contains(labels))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }

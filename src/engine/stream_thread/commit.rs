@@ -226,6 +226,7 @@ fn publish(m: &Metrics, task: &dyn Task, c: &Counts) {
         stale: c.stale,
         pending_created: c.pending_created,
         expired_keys: c.expired,
+        misplaced: c.misplaced,
         dead_lettered: &c.dead_lettered,
     });
 }

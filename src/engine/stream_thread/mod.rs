@@ -34,7 +34,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use rebalance::StreamContext;
 use repeated_errors::RepeatedErrors;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -91,6 +91,9 @@ pub struct ThreadConfig {
     pub rejoin: Arc<RejoinRequests>,
     /// The largest record this thread may produce (see `admin::write_limit`).
     pub write_limit: usize,
+    /// Each source topic's partition count at start (co-partitioned sources are checked
+    /// against it).
+    pub source_partitions: Arc<BTreeMap<String, i32>>,
     /// Opens the tasks of other modules the thread runs (the live reconciler's).
     pub hosted: Arc<dyn super::hosted::HostedTasks>,
 }

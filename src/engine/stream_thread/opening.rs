@@ -167,11 +167,16 @@ impl Opening {
         let (pipeline, stage) = t
             .stage_for_topic(&topic)
             .ok_or_else(|| EngineError::Internal(anyhow!("no pipeline reads topic `{topic}`")))?;
-        let processor = PipelineProcessor::new(
+        let mut processor = PipelineProcessor::new(
             Arc::new(pipeline.clone()),
             t.processing.max_record_bytes,
             cfg.global.clone(),
         );
+        if pipeline.co_partitioned.is_some() {
+            if let Some(&count) = cfg.source_partitions.get(&topic) {
+                processor = processor.with_source_partitions(count);
+            }
+        }
         tracing::info!(task = %pipeline.task_name(partition), topic, stage = ?stage, "task ready");
         let sinks = Sinks {
             dead_letter: t.dead_letter_topic.clone(),

@@ -1,6 +1,7 @@
-//! The partition librdkafka's producer gives a keyed record, for the partitioners tally's own
-//! writes may use (`partitioner` in `kafka.properties`, default `consistent_random`): where the
-//! repartition hop sent a key, and so which task holds its state.
+//! The partition a producer gives a keyed record: for the partitioners tally's own writes may
+//! use (`partitioner` in `kafka.properties`, default `consistent_random`), where the repartition
+//! hop sent a key, and for the one a co-partitioned source's producers use, where its records
+//! belong; either way, which task holds a key's state.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +30,38 @@ impl Partitioner {
             "fnv1a" | "fnv1a_random" => Self::Fnv1a,
             _ => Self::Unknown,
         }
+    }
+
+    /// The names `co_partitioned` takes, with who uses each.
+    pub const NAMED: [(&'static str, Partitioner, &'static str); 3] = [
+        (
+            "murmur2",
+            Partitioner::Murmur2,
+            "the Java client's default partitioner, and librdkafka's `murmur2_random`",
+        ),
+        (
+            "crc32",
+            Partitioner::Crc32,
+            "librdkafka's default `consistent_random`: its Go, Python, .NET and C clients",
+        ),
+        (
+            "fnv1a",
+            Partitioner::Fnv1a,
+            "librdkafka's `fnv1a_random`, and Sarama's default",
+        ),
+    ];
+
+    /// The partitioner a `co_partitioned` name stands for.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::NAMED.iter().find(|(n, ..)| *n == name).map(|(_, p, _)| *p)
+    }
+
+    /// The name `co_partitioned` gives this partitioner.
+    pub fn name(self) -> &'static str {
+        Self::NAMED
+            .iter()
+            .find(|(_, p, _)| *p == self)
+            .map_or("unknown", |(n, ..)| n)
     }
 
     /// The partition of `key` among `count`; `None` when it is not a function of the key (an
@@ -118,6 +151,13 @@ mod tests {
         assert_eq!(Partitioner::of(&props("murmur2_random")), Partitioner::Murmur2);
         assert_eq!(Partitioner::of(&props("fnv1a")), Partitioner::Fnv1a);
         assert_eq!(Partitioner::of(&props("random")), Partitioner::Unknown);
+        for (name, partitioner, _) in Partitioner::NAMED {
+            assert_eq!(
+                (Partitioner::named(name), partitioner.name()),
+                (Some(partitioner), name)
+            );
+        }
+        assert_eq!(Partitioner::named("random"), None);
         assert_eq!(Partitioner::Unknown.partition(b"k", 3), None);
         assert_eq!(Partitioner::Crc32.partition(b"", 3), None, "empty keys go anywhere");
         assert_eq!(Partitioner::Crc32.partition(b"k", 0), None);
