@@ -170,6 +170,7 @@ pub fn start(
             let example = match topology {
                 Topology::Payments => "payments.yaml",
                 Topology::Entities => "entity-sync.yaml",
+                Topology::PaymentsKeyed => "payments-keyed.yaml",
             };
             let mut cmd = Command::new(&programs.tally);
             cmd.args(["--log-json", "run"])
@@ -188,6 +189,7 @@ pub fn start(
             let mode = match topology {
                 Topology::Payments => "payments",
                 Topology::Entities => "entities",
+                Topology::PaymentsKeyed => "payments-keyed",
             };
             let mut cmd = Command::new("java");
             cmd.args(&programs.java_opts)

@@ -80,8 +80,14 @@ pub fn delete_prefixed(prefix: &str) -> Result<()> {
 
 /// A producer for preloading and pacing input (not transactional, large batches).
 pub fn producer(linger_ms: u32) -> Result<BaseProducer> {
+    producer_with(linger_ms, "consistent_random")
+}
+
+/// [`producer`] with librdkafka's `partitioner`.
+fn producer_with(linger_ms: u32, partitioner: &str) -> Result<BaseProducer> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
+        .set("partitioner", partitioner)
         .set("linger.ms", linger_ms.to_string())
         .set("batch.size", "1000000")
         .set("queue.buffering.max.messages", "1000000")
@@ -105,9 +111,10 @@ pub fn send(producer: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) -> R
     }
 }
 
-/// Writes every record to `topic` and waits until all are acknowledged.
-pub fn preload(topic: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
-    let producer = producer(20)?;
+/// Writes every record to `topic`, partitioned by `partitioner`, and waits until all are
+/// acknowledged.
+pub fn preload(topic: &str, records: &[(Vec<u8>, Vec<u8>)], partitioner: &str) -> Result<()> {
+    let producer = producer_with(20, partitioner)?;
     for (k, v) in records {
         send(&producer, topic, k, v)?;
     }

@@ -156,7 +156,7 @@ fn workload(
     let generated = w.generate(o.records, o.seed);
     let t = Instant::now();
     kafka::create_topics(&[(&input, o.partitions)], &[])?;
-    kafka::preload(&input, &generated.records)?;
+    kafka::preload(&input, &generated.records, w.topology.input_partitioner())?;
     eprintln!(
         "bench: {}: preloaded {} records in {:.1}s; {} outputs expected",
         w.name,

@@ -10,6 +10,25 @@ pub enum Topology {
     Payments,
     /// `topologies/entity-sync.yaml`: repartition by entity, `overwrite` on its version.
     Entities,
+    /// `topologies/payments-keyed.yaml`: input already keyed by payment id (Kafka's default
+    /// murmur2 partitioner), declared co-partitioned: one hop, `ignore` on `{payment_id}:{status}`.
+    PaymentsKeyed,
+}
+
+impl Topology {
+    /// The input producer's librdkafka `partitioner`: the Java client's murmur2 for keyed input
+    /// (what `co_partitioned: murmur2` declares), librdkafka's default otherwise.
+    pub fn input_partitioner(self) -> &'static str {
+        match self {
+            Topology::PaymentsKeyed => "murmur2_random",
+            Topology::Payments | Topology::Entities => "consistent_random",
+        }
+    }
+
+    /// True when the contenders need no repartition hop (so the one-hop ceiling is the bound).
+    pub fn one_hop(self) -> bool {
+        self == Topology::PaymentsKeyed
+    }
 }
 
 /// One cell of the matrix.
@@ -30,8 +49,9 @@ pub struct Workload {
 /// Share of entity updates (percent) that arrive late, after a higher version of their entity.
 pub const OUT_OF_ORDER_PCT: u32 = 5;
 
-/// Every workload of the matrix: payments with 0/10/50% duplicates and entity sync with 10k and
-/// 1M keys (5% out of order), each with 256 B and 1 KiB values.
+/// Every workload of the matrix: payments with 0/10/50% duplicates, entity sync with 10k and
+/// 1M keys (5% out of order), and keyed payments with 10% duplicates (co-partitioned, one hop),
+/// each with 256 B and 1 KiB values.
 pub fn matrix() -> Vec<Workload> {
     let mut all = Vec::new();
     for value_bytes in [256, 1024] {
@@ -55,6 +75,16 @@ pub fn matrix() -> Vec<Workload> {
             });
         }
     }
+    // After the original ten, so their order (and a run's interleaving) is unchanged.
+    for (value_bytes, size) in [(256, "256B"), (1024, "1KB")] {
+        all.push(Workload {
+            name: format!("payments-{size}-keyed-dup10"),
+            topology: Topology::PaymentsKeyed,
+            value_bytes,
+            dup_pct: 10,
+            keys: 0,
+        });
+    }
     all
 }
 
@@ -71,7 +101,8 @@ impl Workload {
     /// their order through the repartition and the expected output count is exact.
     pub fn generate(&self, n: usize, seed: u64) -> Input {
         match self.topology {
-            Topology::Payments => payments(n, self.dup_pct, self.value_bytes, seed),
+            Topology::Payments => payments(n, self.dup_pct, self.value_bytes, seed, Repush::NewKey),
+            Topology::PaymentsKeyed => payments(n, self.dup_pct, self.value_bytes, seed, Repush::SameKey),
             Topology::Entities => entities(n, self.keys, self.value_bytes, seed),
         }
     }
@@ -86,6 +117,12 @@ impl Workload {
             Topology::Entities => format!(
                 "entity-sync.yaml, {} B values, {} entities, {OUT_OF_ORDER_PCT}% of updates arrive after a higher version",
                 self.value_bytes, self.keys
+            ),
+            Topology::PaymentsKeyed => format!(
+                "payments-keyed.yaml (co-partitioned, one hop), {} B values, every record keyed by its payment id \
+                 with the Java client's murmur2 partitioner, {}% re-push an earlier event with the same key; \
+                 Kafka Streams runs the one-hop topology (no repartition), the ratios are against the one-hop ceiling",
+                self.value_bytes, self.dup_pct
             ),
         }
     }
@@ -110,16 +147,28 @@ pub fn payment_record(seed: u64, event: usize, seq: usize, value_bytes: usize) -
     (payment_id, padded(head, value_bytes))
 }
 
-fn payments(n: usize, dup_pct: u32, value_bytes: usize, seed: u64) -> Input {
+/// How a re-pushed payment event is keyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repush {
+    /// A new message key (another partition): only a repartition brings the copies together.
+    NewKey,
+    /// Its payment id, like every record of a keyed source: the copies share a partition.
+    SameKey,
+}
+
+fn payments(n: usize, dup_pct: u32, value_bytes: usize, seed: u64, repush: Repush) -> Input {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut records = Vec::with_capacity(n);
     let mut events = 0usize;
     for seq in 0..n {
         if events > 0 && rng.random_range(0..100) < dup_pct {
-            // A re-push of a recent event: new message key (another partition), same business key.
+            // A re-push of a recent event: same business key, keyed as `repush` says.
             let event = events - 1 - rng.random_range(0..events.min(1000));
-            let (_, value) = payment_record(seed, event, seq, value_bytes);
-            let key = format!("retry-{}", rng.random::<u32>());
+            let (payment_id, value) = payment_record(seed, event, seq, value_bytes);
+            let key = match repush {
+                Repush::NewKey => format!("retry-{}", rng.random::<u32>()),
+                Repush::SameKey => payment_id,
+            };
             records.push((key.into_bytes(), value));
         } else {
             let (key, value) = payment_record(seed, events, seq, value_bytes);

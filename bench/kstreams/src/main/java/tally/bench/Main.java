@@ -14,7 +14,8 @@ import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThr
 /**
  * Runs one of tally's example topologies as a Kafka Streams application until SIGTERM.
  *
- * <p>Configured by environment (the benchmark harness sets it): KS_MODE (payments | entities),
+ * <p>Configured by environment (the benchmark harness sets it): KS_MODE (payments | entities |
+ * payments-keyed),
  * KAFKA_BOOTSTRAP, KS_APP_ID, KS_INPUT, KS_OUTPUT, KS_DLQ, KS_STATE_DIR, KS_PARTITIONS,
  * KS_COMMIT_MS (100), KS_CACHE_BYTES (record cache, 10 MiB), KS_BLOCK_CACHE_BYTES (64 MiB) and
  * KS_WRITE_BUFFER_BYTES (32 MiB). Prints "state RUNNING" once the tasks run.
@@ -31,7 +32,10 @@ public final class Main {
         switch (mode) {
           case "payments" -> Topologies.payments(names, partitions);
           case "entities" -> Topologies.entities(names, partitions);
-          default -> throw new IllegalArgumentException("KS_MODE must be payments or entities, not " + mode);
+          case "payments-keyed" -> Topologies.paymentsKeyed(names);
+          default ->
+              throw new IllegalArgumentException(
+                  "KS_MODE must be payments, entities or payments-keyed, not " + mode);
         };
 
     Properties p = new Properties();

@@ -19,9 +19,10 @@ import org.apache.kafka.streams.state.KeyValueStore;
 import org.apache.kafka.streams.state.Stores;
 
 /**
- * tally's topologies/payments.yaml and topologies/entity-sync.yaml in the Kafka Streams DSL.
+ * tally's topologies/payments.yaml, topologies/entity-sync.yaml and topologies/payments-keyed.yaml
+ * in the Kafka Streams DSL.
  *
- * <p>Each re-keys the input through a repartition topic, then runs a processor over a persistent
+ * <p>The first two re-key the input through a repartition topic, then run a processor over a persistent
  * (RocksDB, changelogged, cached) key-value store. Records tally would dead-letter (not JSON, not
  * an object, a missing or non-scalar key field, no matching event type, a non-integer version)
  * are sent to the DLQ topic before the repartition, with the new (null) key and no reason headers.
@@ -45,6 +46,28 @@ final class Topologies {
         b.stream(n.input(), Consumed.with(Serdes.ByteArray(), Serdes.ByteArray()))
             .selectKey((k, v) -> paymentId(v));
     route(keyed, n, partitions, "payments", stream -> stream.process(Dedup::new, "dedup"));
+    return b.build();
+  }
+
+  /**
+   * topologies/payments-keyed.yaml: the input is already keyed by payment_id with the default
+   * partitioner, so the idiomatic app has no repartition (one hop): invalid records go to the DLQ,
+   * the rest through the same dedup processor and store.
+   */
+  static Topology paymentsKeyed(Names n) {
+    StreamsBuilder b = new StreamsBuilder();
+    b.addStateStore(
+        Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore("dedup"), Serdes.String(), Serdes.Long())
+            .withCachingEnabled());
+    Produced<String, byte[]> produced = Produced.with(Serdes.String(), Serdes.ByteArray());
+    b.stream(n.input(), Consumed.with(Serdes.String(), Serdes.ByteArray()))
+        .split(Named.as("payments-"))
+        .branch(
+            (k, v) -> paymentId(v) == null,
+            Branched.withConsumer(bad -> bad.to(n.dlq(), produced), "invalid"))
+        .defaultBranch(
+            Branched.withConsumer(
+                ok -> ok.process(Dedup::new, "dedup").to(n.output(), produced), "valid"));
     return b.build();
   }
 
