@@ -13,6 +13,9 @@ pub struct Options {
     pub records: usize,
     /// Runs per contender and workload, interleaved (`TALLY_BENCH_RUNS`, 3).
     pub runs: usize,
+    /// Back-to-back runs of each ceiling per round, the median kept (`TALLY_BENCH_CEILING_REPEATS`,
+    /// 5): a ceiling drains the input in under a second, so one run's figure is mostly jitter.
+    pub ceiling_repeats: usize,
     /// Partitions of input and output topics (`TALLY_BENCH_PARTITIONS`, 3).
     pub partitions: i32,
     /// Workloads (`TALLY_BENCH_WORKLOADS`: `all`, `none` or comma-separated names, default all).
@@ -103,6 +106,10 @@ impl Options {
         if runs == 0 {
             bail!("TALLY_BENCH_RUNS must be at least 1");
         }
+        let ceiling_repeats = number("TALLY_BENCH_CEILING_REPEATS", 5)?;
+        if ceiling_repeats == 0 {
+            bail!("TALLY_BENCH_CEILING_REPEATS must be at least 1");
+        }
         let latency_share: f64 = number("TALLY_BENCH_LATENCY_SHARE", 0.5)?;
         if !(latency_share > 0.0 && latency_share <= 1.0) {
             bail!("TALLY_BENCH_LATENCY_SHARE must be in (0, 1], not {latency_share}");
@@ -134,6 +141,7 @@ impl Options {
         Ok(Self {
             records: number("TALLY_BENCH_RECORDS", 200_000)?,
             runs,
+            ceiling_repeats,
             partitions: number("TALLY_BENCH_PARTITIONS", 3)?,
             workloads,
             contenders,

@@ -177,7 +177,8 @@ fn workload(
     for r in 0..o.runs {
         for &c in &o.contenders {
             let id = format!("{tag}-{}-{}-{r}", w.name, c.name());
-            match drain::run(c, &d, &id, programs, log_dir) {
+            let repeats = if c.is_ceiling() { o.ceiling_repeats } else { 1 };
+            match median_run(repeats, |i| drain::run(c, &d, &format!("{id}-{i}"), programs, log_dir)) {
                 Ok(mut s) => {
                     s.round = r;
                     eprintln!(
@@ -206,6 +207,15 @@ fn workload(
         expected_outputs: d.expected_outputs,
         samples,
     })
+}
+
+/// Runs `run` `repeats` times back to back and keeps the run of median throughput; the first
+/// failure ends it.
+fn median_run(repeats: usize, mut run: impl FnMut(usize) -> anyhow::Result<Sample>) -> anyhow::Result<Sample> {
+    let mut samples = (0..repeats).map(&mut run).collect::<anyhow::Result<Vec<_>>>()?;
+    samples.sort_by(|a, b| a.throughput.total_cmp(&b.throughput));
+    let middle = samples.len() / 2;
+    Ok(samples.swap_remove(middle))
 }
 
 /// The median of `v` (mean of the middle two for an even count), `None` if empty.
