@@ -192,8 +192,8 @@ impl ThreadState {
         self.transaction(consumer, |t| t.poison(cause));
     }
 
-    /// True when the open transaction should commit: its first record has waited the commit
-    /// interval, or it is large.
+    /// True when the open transaction should commit: its due point passed (every commit
+    /// interval while input keeps coming, see `Txn`), or it is large.
     ///
     /// Not sooner, as Kafka Streams does not: committing whenever the consumer's queue ran dry
     /// made transactions back to back, and each then waited for the coordinator to finish the
@@ -201,18 +201,13 @@ impl ThreadState {
     /// librdkafka has no KIP-890): 25-50 ms per commit instead of ~10, twice the transactions,
     /// and no better latency (bench A/B at 17,000 records/s in the #7 notes).
     pub(super) fn commit_due(&self, now: Instant) -> bool {
-        self.txn.due(
-            now,
-            self.cfg.topology.processing.commit_interval,
-            MAX_RECORDS_PER_TRANSACTION,
-        )
+        self.txn.due(now, MAX_RECORDS_PER_TRANSACTION)
     }
 
     /// How long the next poll may wait for the transaction's sake: until the open transaction
     /// is due, so a quiet input does not hold a record past its commit interval.
     pub(super) fn txn_wait(&self, now: Instant) -> Duration {
-        self.txn
-            .poll_wait(now, self.cfg.topology.processing.commit_interval, POLL)
+        self.txn.poll_wait(now, POLL)
     }
 }
 

@@ -176,7 +176,7 @@ fn generation(cfg: &ThreadConfig, rebuilt: &HashSet<PathBuf>) -> Result<(), Engi
         producer,
         purger,
         tasks: HashMap::new(),
-        txn: Txn::default(),
+        txn: Txn::new(t.processing.commit_interval),
         unproducible: HashSet::new(),
         restore: RestoreSettings::of(t),
         member: String::new(),

@@ -1,4 +1,4 @@
-//! The open transaction of a stream thread as an explicit state: idle, open (since when, how
+//! The open transaction of a stream thread as an explicit state: idle, open (when due, how
 //! many records, where each consumed partition must rewind to), or poisoned (an error left its
 //! outcome unknown, so nothing may commit it before the generation ends).
 //!
@@ -25,10 +25,10 @@ pub type Partition = (String, i32);
 pub enum Phase {
     /// Nothing written since the last commit or abort.
     Idle,
-    /// Records consumed or written since `since`.
+    /// Records consumed or written, to commit at `due`.
     Open {
-        /// When the first record of the transaction was taken.
-        since: Instant,
+        /// When the transaction should commit (see [`Txn::due_point`]).
+        due: Instant,
         /// Records consumed in it.
         records: usize,
     },
@@ -42,24 +42,50 @@ pub enum Phase {
 #[derive(Debug)]
 pub struct Txn {
     phase: Phase,
+    /// The commit interval.
+    interval: Duration,
+    /// When the last committed transaction was due: the next one keeps its cadence.
+    cadence: Option<Instant>,
     rewind: HashMap<Partition, i64>,
     next: HashMap<Partition, i64>,
     /// Per partition, the offset this thread's last successful commit handed on.
     handed_on: HashMap<Partition, i64>,
 }
 
-impl Default for Txn {
-    fn default() -> Self {
+impl Txn {
+    /// No transaction yet; transactions commit every `interval`.
+    pub fn new(interval: Duration) -> Self {
         Self {
             phase: Phase::Idle,
+            interval,
+            cadence: None,
             rewind: HashMap::new(),
             next: HashMap::new(),
             handed_on: HashMap::new(),
         }
     }
-}
 
-impl Txn {
+    /// When a transaction opened at `now` should commit: on the cadence of the last committed
+    /// one (its due point plus an interval) while input keeps coming, else an interval after
+    /// its first record. On the cadence, commits are an interval apart rather than an interval
+    /// plus the commit's own time, so a record crossing two hops waits about two intervals plus
+    /// one commit instead of two of each; no record waits more than an interval.
+    fn due_point(&self, now: Instant) -> Instant {
+        match self.cadence {
+            // The last one committed early (its record cap): this one takes its due point.
+            Some(last) if now < last => last,
+            Some(last) if now < last + self.interval => last + self.interval,
+            _ => now + self.interval,
+        }
+    }
+
+    fn open(&mut self, records: usize) {
+        self.phase = Phase::Open {
+            due: self.due_point(Instant::now()),
+            records,
+        };
+    }
+
     /// The current phase.
     pub fn phase(&self) -> Phase {
         self.phase
@@ -81,12 +107,7 @@ impl Txn {
         }
         match &mut self.phase {
             Phase::Open { records, .. } => *records += 1,
-            Phase::Idle => {
-                self.phase = Phase::Open {
-                    since: Instant::now(),
-                    records: 1,
-                }
-            }
+            Phase::Idle => self.open(1),
             Phase::Poisoned => {}
         }
         true
@@ -95,26 +116,24 @@ impl Txn {
     /// Notes records written without a consumed record (periodic work: expiry, alerts).
     pub fn wrote(&mut self) {
         if self.phase == Phase::Idle {
-            self.phase = Phase::Open {
-                since: Instant::now(),
-                records: 0,
-            };
+            self.open(0);
         }
     }
 
-    /// True when the transaction should commit now: it has waited `interval` since its first
-    /// record, or holds `max_records`.
-    pub fn due(&self, now: Instant, interval: Duration, max_records: usize) -> bool {
+    /// True when the transaction should commit now: its due point passed, or it holds
+    /// `max_records`.
+    pub fn due(&self, now: Instant, max_records: usize) -> bool {
         match self.phase {
-            Phase::Open { since, records } => now.duration_since(since) >= interval || records >= max_records,
+            Phase::Open { due, records } => now >= due || records >= max_records,
             Phase::Idle | Phase::Poisoned => false,
         }
     }
 
-    /// How long a poll may wait without holding an open transaction past `interval`.
-    pub fn poll_wait(&self, now: Instant, interval: Duration, max: Duration) -> Duration {
+    /// How long a poll may wait, at most `max`, without holding an open transaction past its
+    /// due point.
+    pub fn poll_wait(&self, now: Instant, max: Duration) -> Duration {
         match self.phase {
-            Phase::Open { since, .. } => (since + interval).saturating_duration_since(now).min(max),
+            Phase::Open { due, .. } => due.saturating_duration_since(now).min(max),
             Phase::Idle | Phase::Poisoned => max,
         }
     }
@@ -127,6 +146,9 @@ impl Txn {
     /// The commit succeeded: a new transaction starts from here.
     pub fn committed(&mut self) {
         debug_assert!(self.may_commit(), "a poisoned transaction committed");
+        if let Phase::Open { due, .. } = self.phase {
+            self.cadence = Some(due);
+        }
         self.phase = Phase::Idle;
         for partition in std::mem::take(&mut self.rewind).into_keys() {
             if let Some(&next) = self.next.get(&partition) {
@@ -151,6 +173,8 @@ impl Txn {
         if self.phase != Phase::Poisoned {
             self.phase = Phase::Idle;
         }
+        // The records read again start a transaction of their own, a full interval long.
+        self.cadence = None;
         let rewind = std::mem::take(&mut self.rewind);
         for (partition, offset) in &rewind {
             self.next.insert(partition.clone(), *offset);
@@ -187,7 +211,7 @@ mod tests {
 
     #[test]
     fn abort_rewinds_each_partition_to_its_first_record_of_the_transaction() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         t.consumed(&p(0), 10);
         t.consumed(&p(0), 11);
         t.consumed(&p(1), 5);
@@ -204,7 +228,7 @@ mod tests {
 
     #[test]
     fn a_commit_moves_the_rewind_point_to_the_next_transaction() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         t.consumed(&p(0), 10);
         t.committed();
         t.consumed(&p(0), 11);
@@ -213,24 +237,62 @@ mod tests {
 
     #[test]
     fn due_after_the_interval_or_at_the_record_cap_and_never_when_idle() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         let now = Instant::now();
-        assert!(!t.due(now, Duration::ZERO, 1), "idle never commits");
+        assert!(!t.due(now, 1), "idle never commits");
         t.wrote();
-        assert!(t.due(Instant::now(), Duration::ZERO, 100));
-        assert!(!t.due(Instant::now(), Duration::from_secs(60), 100));
+        assert!(!t.due(Instant::now(), 100));
+        assert!(t.due(Instant::now() + Duration::from_secs(60), 100));
         t.consumed(&p(0), 1);
         t.consumed(&p(0), 2);
-        assert!(t.due(Instant::now(), Duration::from_secs(60), 2), "record cap");
+        assert!(t.due(Instant::now(), 2), "record cap");
+    }
+
+    /// How long the transaction opened now waits for its due point.
+    fn next_due(t: &mut Txn, interval: Duration) -> Duration {
+        t.consumed(&p(0), t.position(&p(0)).unwrap_or(0));
+        let Phase::Open { due, .. } = t.phase() else {
+            panic!("open");
+        };
+        let wait = due.saturating_duration_since(Instant::now());
+        assert!(wait <= interval, "no record waits more than an interval: {wait:?}");
+        wait
+    }
+
+    #[test]
+    fn transactions_keep_the_cadence_of_the_last_commit_while_input_keeps_coming() {
+        let interval = Duration::from_millis(400);
+        let mut t = Txn::new(interval);
+        let first = next_due(&mut t, interval);
+        assert!(
+            first > interval - Duration::from_millis(50),
+            "a full interval at first: {first:?}"
+        );
+        // Committed 150 ms after its due point (the commit's own time): the next one is due an
+        // interval after that point, not after its first record.
+        std::thread::sleep(first + Duration::from_millis(150));
+        t.committed();
+        let second = next_due(&mut t, interval);
+        assert!(
+            second < interval - Duration::from_millis(100),
+            "the commit's time is not added to the cadence: {second:?}"
+        );
+        // After an idle spell longer than an interval, a full interval again.
+        std::thread::sleep(second + interval + Duration::from_millis(50));
+        t.committed();
+        assert!(next_due(&mut t, interval) > interval - Duration::from_millis(50));
+        // After an abort too.
+        t.aborted();
+        assert!(next_due(&mut t, interval) > interval - Duration::from_millis(50));
     }
 
     #[test]
     fn a_poisoned_transaction_never_commits_or_becomes_idle() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         t.consumed(&p(0), 3);
         t.poison();
         assert!(!t.may_commit());
-        assert!(!t.due(Instant::now() + Duration::from_secs(3600), Duration::ZERO, 0));
+        assert!(!t.due(Instant::now() + Duration::from_secs(3600), 0));
         t.consumed(&p(0), 4);
         assert!(
             t.aborted().contains_key(&p(0)),
@@ -241,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_record_handed_out_again_is_refused_until_an_abort_rewinds_to_it() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         assert!(t.consumed(&p(0), 10));
         assert!(t.consumed(&p(0), 11));
         t.committed();
@@ -263,7 +325,7 @@ mod tests {
 
     #[test]
     fn a_revoked_partition_is_not_rewound() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         t.consumed(&p(0), 3);
         t.consumed(&p(1), 7);
         t.forget(&p(0));
@@ -273,7 +335,7 @@ mod tests {
 
     #[test]
     fn a_commit_records_what_it_handed_on_and_an_abort_keeps_it() {
-        let mut t = Txn::default();
+        let mut t = Txn::new(Duration::from_secs(60));
         t.consumed(&p(0), 10);
         t.consumed(&p(0), 11);
         assert_eq!(t.handed_on(&p(0)), None, "nothing committed yet");

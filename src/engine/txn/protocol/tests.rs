@@ -125,7 +125,7 @@ struct Thread {
 impl Thread {
     fn new() -> Self {
         Self {
-            txn: Txn::default(),
+            txn: Txn::new(std::time::Duration::from_millis(100)),
             clients: FakeClients {
                 member: "m-1".into(),
                 group: Some(HashMap::new()),
