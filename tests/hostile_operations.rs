@@ -341,3 +341,51 @@ fn a_restore_longer_than_the_poll_interval_runs_between_polls_while_other_partit
     );
     assert_eq!(sample(&metrics, "tally_transactions_aborted_total", ""), Some(0.0));
 }
+
+#[test]
+fn a_switch_to_co_partitioned_waits_until_the_former_repartition_topic_is_drained() {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let names = Names::new("former-hop");
+    let hop = format!("{}-payments-repartition", names.app);
+    create_topics(&[(&names.input, 3), (&names.output, 3), (&names.dlq, 1), (&hop, 3)]);
+    // What a run with the hop forwarded and stopped before its stateful stage processed it.
+    let left = payments(0..2);
+    produce(&hop, &left);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut refused = Tally::start_example("payments-keyed.yaml", &names, dir.path(), "i1");
+    let status = refused
+        .exit_within(Duration::from_secs(60))
+        .expect("tally refuses to start");
+    assert!(!status.success(), "a refusal, not a clean stop");
+    let log = std::fs::read_to_string(refused.log()).expect("log");
+    assert!(
+        log.contains(&hop) && log.contains("lag") && log.contains("delete the topic"),
+        "names the topic, the drain and the way to give its records up: {log}"
+    );
+
+    // Drained (the group's offsets at the end): the switch goes ahead.
+    let consumer: BaseConsumer = client().set("group.id", &names.app).create().expect("consumer");
+    let mut end = rdkafka::TopicPartitionList::new();
+    for p in 0..3 {
+        let (_, high) = consumer
+            .fetch_watermarks(&hop, p, Duration::from_secs(10))
+            .expect("watermarks");
+        end.add_partition_offset(&hop, p, rdkafka::Offset::Offset(high))
+            .expect("offset");
+    }
+    consumer.commit(&end, CommitMode::Sync).expect("commit");
+    drop(consumer);
+    let mut gen = tally::demo::generator::payments(30, 0, 0, 5);
+    for r in &mut gen.records {
+        let v: serde_json::Value = serde_json::from_slice(&r.payload).expect("json");
+        r.key = v["payment_id"].as_str().expect("payment id").as_bytes().to_vec();
+    }
+    produce_partitioned(&names.input, &gen.records, "murmur2_random");
+    let tally = Tally::start_example("payments-keyed.yaml", &names, dir.path(), "i1");
+    let expected = gen.expected_keys.len();
+    assert_eq!(
+        wait_for_count(&names.output, expected, Duration::from_secs(90)),
+        expected
+    );
+    tally.stop();
+}

@@ -136,13 +136,21 @@ fn pipeline(c: &mut Collector, p: RawPipeline, at: Location, label: &str, known:
                 None => Some(None),
                 Some(name) => co_partitioner(c, &name, label).map(Some),
             };
+            let topic = format!(
+                "{}-{}-repartition",
+                application_id.unwrap_or("app"),
+                name.as_deref().unwrap_or("pipeline")
+            );
             match (key, declared) {
-                (Some(key), Some(Some(partitioner))) => (Some(None), Some(Some(CoPartitioning { key, partitioner }))),
-                (Some(key), Some(None)) => {
-                    let name = name.as_deref().unwrap_or("pipeline");
-                    let topic = format!("{}-{name}-repartition", application_id.unwrap_or("app"));
-                    (Some(Some(Repartition { key, topic })), Some(None))
-                }
+                (Some(key), Some(Some(partitioner))) => (
+                    Some(None),
+                    Some(Some(CoPartitioning {
+                        key,
+                        partitioner,
+                        former_hop: topic,
+                    })),
+                ),
+                (Some(key), Some(None)) => (Some(Some(Repartition { key, topic })), Some(None)),
                 _ => (None, None),
             }
         }

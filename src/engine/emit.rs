@@ -173,7 +173,7 @@ impl Emitter {
                 partition: None,
                 key: Some(k.as_bytes()),
                 payload: Some(&v),
-                headers: OwnedHeaders::new().insert(header(&self.correlation_header, correlation_id)),
+                headers: Some(OwnedHeaders::new().insert(header(&self.correlation_header, correlation_id))),
             })
             .map_err(ProcessError::Kafka)
     }
@@ -209,7 +209,7 @@ impl Emitter {
                     partition: None,
                     key: Some(output_key.as_bytes()),
                     payload: payload.as_deref().or(msg.payload()),
-                    headers,
+                    headers: Some(headers),
                 };
                 producer.send(out).map_err(ProcessError::Kafka)?;
                 // Markers let every instance count what still waits for a write-back.
@@ -221,7 +221,7 @@ impl Emitter {
                             partition: None,
                             key: Some(key.as_bytes()),
                             payload: Some(marker.as_bytes()),
-                            headers: OwnedHeaders::new(),
+                            headers: None,
                         };
                         producer.send(out).map_err(ProcessError::Kafka)?;
                     }
@@ -240,7 +240,7 @@ impl Emitter {
                         partition: None,
                         key: Some(key.as_bytes()),
                         payload: value.as_deref().map(str::as_bytes),
-                        headers: OwnedHeaders::new(),
+                        headers: None,
                     };
                     producer.send(out).map_err(ProcessError::Kafka)?;
                 }
@@ -329,14 +329,14 @@ impl Emitter {
         let mut key = original_key(msg, self.trusts_source_headers);
         let mut payload = msg.payload();
         let mut headers = ours(headers::copy_except(msg, &self.correlation_header));
-        if !producer.fits(key, payload, &headers) {
+        if !producer.fits(key, payload, Some(&headers)) {
             let omitted = payload.map_or(0, <[u8]>::len).to_string();
             payload = None;
             headers = headers.insert(header(PAYLOAD_OMITTED_HEADER, &omitted));
-            if !producer.fits(key, payload, &headers) {
+            if !producer.fits(key, payload, Some(&headers)) {
                 key = None;
             }
-            if !producer.fits(key, payload, &headers) {
+            if !producer.fits(key, payload, Some(&headers)) {
                 headers = ours(OwnedHeaders::new()).insert(header(PAYLOAD_OMITTED_HEADER, &omitted));
             }
         }
@@ -345,7 +345,7 @@ impl Emitter {
             partition: None,
             key,
             payload,
-            headers,
+            headers: Some(headers),
         };
         producer.send(out).map_err(ProcessError::Kafka)?;
         *self.counts.dead_lettered.entry(*reason).or_default() += 1;
@@ -365,7 +365,7 @@ impl Emitter {
                 partition: Some(self.partition),
                 key: Some(&change.key),
                 payload: change.value.as_deref(),
-                headers: OwnedHeaders::new(),
+                headers: None,
             };
             producer.send(out).map_err(ProcessError::Kafka)?;
         }

@@ -53,11 +53,15 @@ impl Health {
         }
     }
 
-    /// Stream thread `thread` is making progress (a turn of its poll loop, a restored batch).
-    pub fn beat(&self, thread: usize) {
+    /// Stream thread `thread` is making progress (a turn of its poll loop, a restored batch)
+    /// at `now` (the caller's clock read, which its loop reads anyway).
+    pub fn beat(&self, thread: usize, now: Instant) {
         if let (Some(b), Some(epoch)) = (self.beats.get(thread), self.epoch) {
             // Never 0, which means "not started".
-            b.store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+            b.store(
+                now.saturating_duration_since(epoch).as_millis() as u64 + 1,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -181,16 +185,16 @@ mod tests {
         let h = Health::with_stall_limit(2, false, Duration::from_millis(50));
         std::thread::sleep(Duration::from_millis(80));
         assert_eq!(h.failure(), None, "threads that have not started yet are not stuck");
-        h.beat(0);
-        h.beat(1);
+        h.beat(0, Instant::now());
+        h.beat(1, Instant::now());
         assert_eq!(h.failure(), None);
         std::thread::sleep(Duration::from_millis(40));
-        h.beat(0);
+        h.beat(0, Instant::now());
         std::thread::sleep(Duration::from_millis(40));
         let stuck = h.failure().expect("thread 1 is stuck");
         assert!(stuck.starts_with("stream thread 1 has made no progress"), "{stuck}");
-        h.beat(0);
-        h.beat(1);
+        h.beat(0, Instant::now());
+        h.beat(1, Instant::now());
         assert_eq!(h.failure(), None, "liveness returns with progress");
     }
 }

@@ -6,6 +6,7 @@ pub mod credentials;
 pub mod emit;
 pub mod errors;
 pub mod faults;
+pub mod former_hop;
 pub mod global;
 pub mod group_watch;
 pub mod headers;
@@ -94,6 +95,7 @@ pub async fn run(
             // them apart first, so a wrong password stops tally instead of being waited out.
             credentials::probe(&clients::base(&t), "`kafka.properties`", admin::METADATA_TIMEOUT)?;
             let partitions = admin::prepare_topics(&t, &rt)?;
+            former_hop::check(&t)?;
             let (limit, by) = match cluster {
                 Cluster::Kafka => admin::write_limit(&t, &rt),
                 Cluster::Mock => admin::producer_limit(&t),

@@ -29,7 +29,9 @@ type Delivered = HashMap<(String, i32), i64>;
 /// reflect.
 #[derive(Default)]
 pub struct DeliveryTracker {
-    delivered: Mutex<Delivered>,
+    /// Highest delivered offset per partition, by topic: looked up by the report's `&str`, so a
+    /// delivery report allocates nothing once its topic was seen.
+    delivered: Mutex<HashMap<String, HashMap<i32, i64>>>,
 }
 
 impl ClientContext for DeliveryTracker {}
@@ -41,8 +43,13 @@ impl ProducerContext for DeliveryTracker {
         // Failed deliveries need no bookkeeping: they make the transaction abortable.
         if let Ok(m) = result {
             if let Ok(mut d) = self.delivered.lock() {
-                let e = d.entry((m.topic().to_string(), m.partition())).or_insert(m.offset());
-                *e = (*e).max(m.offset());
+                if !d.contains_key(m.topic()) {
+                    d.insert(m.topic().to_string(), HashMap::new());
+                }
+                if let Some(partitions) = d.get_mut(m.topic()) {
+                    let e = partitions.entry(m.partition()).or_insert(m.offset());
+                    *e = (*e).max(m.offset());
+                }
             }
         }
     }
@@ -58,8 +65,8 @@ pub struct Outgoing<'a> {
     pub key: Option<&'a [u8]>,
     /// Message value; `None` is a tombstone.
     pub payload: Option<&'a [u8]>,
-    /// Message headers.
-    pub headers: OwnedHeaders,
+    /// Message headers; `None` for none (no header list is built or parsed at all).
+    pub headers: Option<OwnedHeaders>,
 }
 
 /// A transactional producer with the transaction begun lazily on the first send.
@@ -81,8 +88,10 @@ pub struct TxnProducer {
 const RECORD_OVERHEAD: usize = 256;
 
 /// The size a record takes on the wire, as the producer's and the broker's limits count it.
-pub fn record_size(key: Option<&[u8]>, payload: Option<&[u8]>, headers: &OwnedHeaders) -> usize {
-    let header_bytes: usize = super::headers::list(headers.as_borrowed())
+pub fn record_size(key: Option<&[u8]>, payload: Option<&[u8]>, headers: Option<&OwnedHeaders>) -> usize {
+    let header_bytes: usize = headers
+        .into_iter()
+        .flat_map(|h| super::headers::list(h.as_borrowed()))
         .map(|h| h.name.len() + h.value.map_or(0, <[u8]>::len) + 10)
         .sum();
     key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + header_bytes + RECORD_OVERHEAD
@@ -115,7 +124,7 @@ impl TxnProducer {
     }
 
     /// True when a record of this shape fits the limit.
-    pub fn fits(&self, key: Option<&[u8]>, payload: Option<&[u8]>, headers: &OwnedHeaders) -> bool {
+    pub fn fits(&self, key: Option<&[u8]>, payload: Option<&[u8]>, headers: Option<&OwnedHeaders>) -> bool {
         record_size(key, payload, headers) <= self.limit
     }
 
@@ -140,11 +149,14 @@ impl TxnProducer {
     /// transaction stays healthy: enqueued, librdkafka would refuse it the same way, or the
     /// broker would (a topic's `max.message.bytes`) and fail the whole transaction at commit.
     pub fn send(&mut self, out: Outgoing<'_>) -> KafkaResult<()> {
-        if !self.fits(out.key, out.payload, &out.headers) {
+        if !self.fits(out.key, out.payload, out.headers.as_ref()) {
             return Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge));
         }
         self.begin()?;
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(out.topic).headers(out.headers);
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(out.topic);
+        if let Some(h) = out.headers {
+            record = record.headers(h);
+        }
         if let Some(p) = out.partition {
             record = record.partition(p);
         }
@@ -267,12 +279,14 @@ impl TxnProducer {
     }
 
     fn take_delivered(&self) -> Delivered {
-        self.producer
-            .context()
-            .delivered
-            .lock()
-            .map(|mut d| std::mem::take(&mut *d))
-            .unwrap_or_default()
+        let Ok(mut by_topic) = self.producer.context().delivered.lock() else {
+            return Delivered::new();
+        };
+        let mut delivered = Delivered::new();
+        for (topic, partitions) in by_topic.iter_mut() {
+            delivered.extend(partitions.drain().map(|(p, o)| ((topic.clone(), p), o)));
+        }
+        delivered
     }
 }
 

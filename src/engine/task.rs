@@ -260,11 +260,11 @@ impl Task for PipelineTask {
                             partition: None,
                             key: Some(r.key.as_bytes()),
                             payload: msg.payload(),
-                            headers: headers::add(
+                            headers: Some(headers::add(
                                 place.headers(headers::copy_except(msg, "")),
                                 SOURCE_KEY_HEADER.as_bytes(),
                                 msg.key(),
-                            ),
+                            )),
                         };
                         producer.send(out).map_err(ProcessError::Kafka)?;
                         emit.counts.repartitioned += 1;

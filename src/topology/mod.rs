@@ -201,6 +201,9 @@ pub struct CoPartitioning {
     pub key: KeyTemplate,
     /// The source producers' partitioner.
     pub partitioner: partitioner::Partitioner,
+    /// The repartition topic the pipeline uses without `co_partitioned`: records a former run
+    /// with the hop left there unprocessed would be skipped, so a start checks it is drained.
+    pub former_hop: String,
 }
 
 /// A repartition step: records are re-keyed by `key` and written to `topic`, whose partitions

@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,7 @@ impl Clients for Kafka<'_> {
 
 /// The thread's tasks, with what a commit updates besides them.
 struct ThreadTasks<'a> {
-    tasks: &'a mut HashMap<(String, i32), Box<dyn Task>>,
+    tasks: &'a mut FxHashMap<(String, i32), Box<dyn Task>>,
     metrics: &'a Metrics,
     purger: &'a mut Purger,
 }

@@ -34,7 +34,8 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use rebalance::StreamContext;
 use repeated_errors::RepeatedErrors;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -175,7 +176,7 @@ fn generation(cfg: &ThreadConfig, rebuilt: &HashSet<PathBuf>) -> Result<(), Engi
         cfg: cfg.clone(),
         producer,
         purger,
-        tasks: HashMap::new(),
+        tasks: FxHashMap::default(),
         txn: Txn::new(t.processing.commit_interval),
         unproducible: HashSet::new(),
         restore: RestoreSettings::of(t),
@@ -217,7 +218,6 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
     let mut wait = POLL;
     let mut consumer_errors = RepeatedErrors::default();
     while !cfg.shutdown.is_triggered() {
-        cfg.health.beat(cfg.index);
         let polled = consumer.poll(wait);
         let mut st = lock(ctx)?;
         if let Some(e) = st.membership.take_end() {
@@ -234,8 +234,9 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             },
             None => {}
         }
-        // One clock read per polled record serves both checks.
+        // One clock read per turn serves every check of the turn.
         let now = Instant::now();
+        cfg.health.beat(cfg.index, now);
         if now.duration_since(st.last_housekeeping) >= HOUSEKEEPING {
             st.last_housekeeping = now;
             if !st.tasks.is_empty() && faults::hit(Point::ZombieTick) {
@@ -255,7 +256,7 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
             consumer.unsubscribe();
         }
         let idle = st.tasks.is_empty() && st.opening.is_empty();
-        if st.membership.rejoin_due(Instant::now(), idle) {
+        if st.membership.rejoin_due(now, idle) {
             consumer
                 .subscribe(topics)
                 .map_err(|e| EngineError::from_kafka(e, "subscribing again after leaving the group"))?;
@@ -304,7 +305,7 @@ struct ThreadState {
     cfg: ThreadConfig,
     producer: TxnProducer,
     purger: Purger,
-    tasks: HashMap<(String, i32), Box<dyn Task>>,
+    tasks: FxHashMap<(String, i32), Box<dyn Task>>,
     /// The open transaction.
     txn: Txn,
     /// Records (topic, partition, offset) whose output could not be written: dead-lettered

@@ -14,7 +14,7 @@
 //! per partition while the broker restarts or a transaction's markers are in flight, and an
 //! unanswered partition was sent to its beginning: a replay of committed work.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 /// A consumed partition: (topic, partition).
@@ -46,10 +46,10 @@ pub struct Txn {
     interval: Duration,
     /// When the last committed transaction was due: the next one keeps its cadence.
     cadence: Option<Instant>,
-    rewind: HashMap<Partition, i64>,
-    next: HashMap<Partition, i64>,
+    rewind: FxHashMap<Partition, i64>,
+    next: FxHashMap<Partition, i64>,
     /// Per partition, the offset this thread's last successful commit handed on.
-    handed_on: HashMap<Partition, i64>,
+    handed_on: FxHashMap<Partition, i64>,
 }
 
 impl Txn {
@@ -59,9 +59,9 @@ impl Txn {
             phase: Phase::Idle,
             interval,
             cadence: None,
-            rewind: HashMap::new(),
-            next: HashMap::new(),
-            handed_on: HashMap::new(),
+            rewind: FxHashMap::default(),
+            next: FxHashMap::default(),
+            handed_on: FxHashMap::default(),
         }
     }
 
@@ -169,7 +169,7 @@ impl Txn {
 
     /// The abort succeeded: returns where each partition the transaction consumed from must
     /// be rewound to, and starts over.
-    pub fn aborted(&mut self) -> HashMap<Partition, i64> {
+    pub fn aborted(&mut self) -> FxHashMap<Partition, i64> {
         if self.phase != Phase::Poisoned {
             self.phase = Phase::Idle;
         }

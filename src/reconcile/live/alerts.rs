@@ -138,7 +138,7 @@ impl AlertWriter<'_> {
             partition: None,
             key: Some(key),
             payload: Some(&payload),
-            headers: OwnedHeaders::new().insert(header(DEFAULT_CORRELATION_HEADER, correlation_id)),
+            headers: Some(OwnedHeaders::new().insert(header(DEFAULT_CORRELATION_HEADER, correlation_id))),
         };
         producer.send(out).map_err(ProcessError::Kafka)?;
         self.metrics.emit(AlertWritten { kind });
