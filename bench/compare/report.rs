@@ -377,6 +377,7 @@ fn targets(w: &mut String, o: &Options, r: &Results) {
             vs_bound.map_or("–".into(), |m| format!("{m:.2}×")),
             verdict(vs_bound.map(|m| m >= 0.75))
         );
+        cores_needed(w, wr, bound);
         let vs_ks = median(ratios(wr, Contender::Tally, Contender::KStreams, |s| s.throughput));
         let rss = median(ratios(wr, Contender::Tally, Contender::KStreams, |s| s.peak_rss_mib));
         let both = vs_ks.zip(rss);
@@ -430,6 +431,36 @@ fn targets(w: &mut String, o: &Options, r: &Results) {
             l.append[1], l.visible[1], load
         )),
         verdict(tally.filter(|_| at_half).map(|l| l.append[1] <= 220.0))
+    );
+}
+
+/// The row that says whether the ceiling target fits this machine at all: 0.75× the ceiling's
+/// rate at tally's measured CPU per record needs that many cores, the broker not counted (so
+/// it is a lower bound), against the machine's; and the CPU per record that would fit.
+fn cores_needed(w: &mut String, wr: &WorkloadResult, bound: Contender) {
+    let cpu = median(wr.of(Contender::Tally).iter().map(|s| s.cpu_s_per_m).collect());
+    let rate = median(wr.of(bound).iter().map(|s| s.throughput).collect());
+    let (Some(cpu), Some(rate)) = (cpu, rate) else {
+        return;
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let target = 0.75 * rate;
+    let needed = target * cpu / 1e6;
+    let allowed = cores * 1e6 / target;
+    let (gap, verdict) = if needed <= cores {
+        (String::new(), "fits this machine")
+    } else {
+        (
+            format!(", {:.1}× less than measured", cpu / allowed),
+            "**beyond this machine**",
+        )
+    };
+    let _ = writeln!(
+        w,
+        "| cores tally needs at 0.75× the {} (that rate × tally's CPU per record; the broker not counted) | {} | \
+         {needed:.1} cores at {cpu:.2} CPU-s per 1M records; {cores:.0} cores allow ≤ {allowed:.2}{gap} | {verdict} |",
+        bound.name(),
+        wr.workload.name,
     );
 }
 
