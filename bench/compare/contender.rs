@@ -134,7 +134,8 @@ pub struct Running {
     pub pid: u32,
     /// Its log file.
     pub log: PathBuf,
-    _state: tempfile::TempDir,
+    /// Its state directory, removed with it.
+    state: tempfile::TempDir,
 }
 
 /// Starts `c` on `topology` with `partitions` input partitions; logs go to `log_dir`.
@@ -148,8 +149,7 @@ pub fn start(
 ) -> Result<Running> {
     let state = tempfile::tempdir().context("creating a state directory")?;
     let log = log_dir.join(format!("{}.log", names.app));
-    let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = match c {
+    let cmd = match c {
         Contender::Ceiling => {
             let mut cmd = Command::new(&programs.passthrough);
             cmd.args([&kafka::bootstrap(), &names.app, &names.input, &names.output]);
@@ -166,25 +166,7 @@ pub fn start(
             ]);
             cmd
         }
-        Contender::Tally => {
-            let example = match topology {
-                Topology::Payments => "payments.yaml",
-                Topology::Entities => "entity-sync.yaml",
-                Topology::PaymentsKeyed => "payments-keyed.yaml",
-            };
-            let mut cmd = Command::new(&programs.tally);
-            cmd.args(["--log-json", "run"])
-                .arg(programs.repo.join("topologies").join(example))
-                .args(["--instance-id", "bench"])
-                .env("KAFKA_BOOTSTRAP", kafka::bootstrap())
-                .env("TALLY_APP_ID", &names.app)
-                .env("TALLY_STATE_DIR", state.path())
-                .env("TALLY_INPUT_TOPIC", &names.input)
-                .env("TALLY_OUTPUT_TOPIC", &names.output)
-                .env("TALLY_DLQ_TOPIC", &names.dlq)
-                .env("RUST_LOG", &programs.tally_log);
-            cmd
-        }
+        Contender::Tally => tally_command(programs, &example(topology, programs), "bench", names, state.path()),
         Contender::KStreams => {
             let mode = match topology {
                 Topology::Payments => "payments",
@@ -205,21 +187,87 @@ pub fn start(
             cmd
         }
     };
+    spawn(cmd, c.name(), &log, state)
+}
+
+/// The example topology file tally runs for `topology`.
+pub fn example(topology: Topology, programs: &Programs) -> PathBuf {
+    let file = match topology {
+        Topology::Payments => "payments.yaml",
+        Topology::Entities => "entity-sync.yaml",
+        Topology::PaymentsKeyed => "payments-keyed.yaml",
+    };
+    programs.repo.join("topologies").join(file)
+}
+
+/// `tally run` of `topology_file` as instance `instance` on the run's topics, state in `state`.
+fn tally_command(programs: &Programs, topology_file: &Path, instance: &str, names: &RunNames, state: &Path) -> Command {
+    let mut cmd = Command::new(&programs.tally);
+    cmd.args(["--log-json", "run"])
+        .arg(topology_file)
+        .args(["--instance-id", instance])
+        .env("KAFKA_BOOTSTRAP", kafka::bootstrap())
+        .env("TALLY_APP_ID", &names.app)
+        .env("TALLY_STATE_DIR", state)
+        .env("TALLY_INPUT_TOPIC", &names.input)
+        .env("TALLY_OUTPUT_TOPIC", &names.output)
+        .env("TALLY_DLQ_TOPIC", &names.dlq)
+        .env("RUST_LOG", &programs.tally_log);
+    cmd
+}
+
+/// Starts one tally instance `instance` of `topology_file` (a group member of the run `names`).
+pub fn start_tally(
+    topology_file: &Path,
+    instance: &str,
+    names: &RunNames,
+    programs: &Programs,
+    log_dir: &Path,
+) -> Result<Running> {
+    let state = tempfile::tempdir().context("creating a state directory")?;
+    let cmd = tally_command(programs, topology_file, instance, names, state.path());
+    spawn(
+        cmd,
+        "tally",
+        &log_dir.join(format!("{}-{instance}.log", names.app)),
+        state,
+    )
+}
+
+/// Runs `cmd` with its output in `log`.
+fn spawn(mut cmd: Command, what: &str, log: &Path, state: tempfile::TempDir) -> Result<Running> {
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let child = cmd
         .stdout(Stdio::from(file.try_clone()?))
         .stderr(Stdio::from(file))
         .stdin(Stdio::null())
         .spawn()
-        .with_context(|| format!("starting {}", c.name()))?;
+        .with_context(|| format!("starting {what}"))?;
     Ok(Running {
         pid: child.id(),
         child,
-        log,
-        _state: state,
+        log: log.to_path_buf(),
+        state,
     })
 }
 
 impl Running {
+    /// Bytes the process's state directory holds now.
+    pub fn state_bytes(&self) -> u64 {
+        fn size(dir: &Path) -> u64 {
+            std::fs::read_dir(dir).map_or(0, |entries| {
+                entries
+                    .flatten()
+                    .map(|e| match e.file_type() {
+                        Ok(t) if t.is_dir() => size(&e.path()),
+                        _ => e.metadata().map_or(0, |m| m.len()),
+                    })
+                    .sum()
+            })
+        }
+        size(self.state.path())
+    }
+
     /// Fails, with the log's tail, if the process has exited.
     pub fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {

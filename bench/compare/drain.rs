@@ -2,7 +2,7 @@
 
 use crate::contender::{self, Contender, Programs, RunNames};
 use crate::kafka;
-use crate::probe::{self, Usage};
+use crate::probe;
 use crate::workload::Workload;
 use anyhow::{bail, Context, Result};
 use std::path::Path;
@@ -64,45 +64,11 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
     let expected = if c.is_ceiling() { d.records } else { d.expected_outputs };
     let started = Instant::now();
     let mut proc = contender::start(c, d.workload.topology, &names, d.partitions, programs, log_dir)?;
-    let mut seen = 0usize;
-    let mut first: Option<(Instant, Usage)> = None;
-    let mut last_check = Instant::now();
-    while seen < expected {
-        if started.elapsed() > d.timeout {
-            bail!(
-                "{} saw {seen} of {expected} outputs after {:?}; log tail:\n{}",
-                c.name(),
-                d.timeout,
-                proc.log_tail()
-            );
-        }
-        if let Some(m) = reader.poll(Duration::from_millis(100)) {
-            m.context("reading the output")?;
-            seen += 1;
-            if first.is_none() {
-                first = Some((Instant::now(), probe::usage(proc.pid).unwrap_or_default()));
-            }
-        }
-        if last_check.elapsed() > Duration::from_millis(500) {
-            proc.check_alive().with_context(|| c.name())?;
-            last_check = Instant::now();
-        }
-    }
-    let done = Instant::now();
-    let end_usage = probe::usage(proc.pid).context("the contender vanished")?;
-    // A short extra read catches outputs past the expected count (duplicates leaking through).
-    let extra_until = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < extra_until {
-        if let Some(m) = reader.poll(Duration::from_millis(100)) {
-            m.context("reading the output")?;
-            seen += 1;
-        }
-    }
-    let peak_rss_mib = probe::usage(proc.pid).unwrap_or(end_usage).peak_rss_mib;
+    let watched =
+        watch(&reader, expected, std::slice::from_mut(&mut proc), started, d.timeout).with_context(|| c.name())?;
+    let peak_rss_mib = watched.peak_rss_mib.first().copied().unwrap_or_default();
     let log = proc.log.clone();
     proc.stop()?;
-    let (first_at, first_usage) = first.context("no output seen")?;
-    let window = done.duration_since(first_at).as_secs_f64().max(1e-3);
     let changelog_bytes_per_record = if c.is_ceiling() {
         None
     } else {
@@ -129,12 +95,95 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
     Ok(Sample {
         round: 0,
         contender: c,
-        throughput: d.records as f64 / window,
-        startup_s: first_at.duration_since(started).as_secs_f64(),
-        cpu_s_per_m: (end_usage.cpu_s - first_usage.cpu_s) / d.records as f64 * 1e6,
+        throughput: d.records as f64 / watched.window_s,
+        startup_s: watched.startup_s,
+        cpu_s_per_m: watched.cpu_s / d.records as f64 * 1e6,
         peak_rss_mib,
         changelog_bytes_per_record,
-        outputs: seen,
+        outputs: watched.outputs,
         expected,
+    })
+}
+
+/// What watching a run's output measured.
+pub struct Watched {
+    /// Committed outputs read, including any past the expected count.
+    pub outputs: usize,
+    /// Seconds from the start to the first output.
+    pub startup_s: f64,
+    /// Seconds between the first and the last expected output.
+    pub window_s: f64,
+    /// CPU seconds of all the processes over that window.
+    pub cpu_s: f64,
+    /// Peak RSS of each process, MiB, in their order.
+    pub peak_rss_mib: Vec<f64>,
+}
+
+/// Reads `reader` until `expected` outputs arrived (failing after `timeout` from `started`, or
+/// when a process exits), then a second more to catch outputs past the count; measures the
+/// processes' CPU between the first and the last expected output.
+pub fn watch(
+    reader: &rdkafka::consumer::BaseConsumer,
+    expected: usize,
+    procs: &mut [contender::Running],
+    started: Instant,
+    timeout: Duration,
+) -> Result<Watched> {
+    let cpu = |procs: &[contender::Running]| -> f64 {
+        procs
+            .iter()
+            .map(|p| probe::usage(p.pid).unwrap_or_default().cpu_s)
+            .sum()
+    };
+    let mut seen = 0usize;
+    let mut first: Option<(Instant, f64)> = None;
+    let mut last_check = Instant::now();
+    while seen < expected {
+        if started.elapsed() > timeout {
+            let tails: Vec<String> = procs.iter().map(contender::Running::log_tail).collect();
+            bail!(
+                "saw {seen} of {expected} outputs after {timeout:?}; log tail:\n{}",
+                tails.join("\n---\n")
+            );
+        }
+        if let Some(m) = reader.poll(Duration::from_millis(100)) {
+            m.context("reading the output")?;
+            seen += 1;
+            if first.is_none() {
+                first = Some((Instant::now(), cpu(procs)));
+            }
+        }
+        if last_check.elapsed() > Duration::from_millis(500) {
+            for p in procs.iter_mut() {
+                p.check_alive()?;
+            }
+            last_check = Instant::now();
+        }
+    }
+    let done = Instant::now();
+    let end_cpu: f64 = procs
+        .iter()
+        .map(|p| probe::usage(p.pid).map(|u| u.cpu_s))
+        .sum::<Option<f64>>()
+        .context("a contender vanished")?;
+    // A short extra read catches outputs past the expected count (duplicates leaking through).
+    let extra_until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < extra_until {
+        if let Some(m) = reader.poll(Duration::from_millis(100)) {
+            m.context("reading the output")?;
+            seen += 1;
+        }
+    }
+    let peak_rss_mib = procs
+        .iter()
+        .map(|p| probe::usage(p.pid).map_or(0.0, |u| u.peak_rss_mib))
+        .collect();
+    let (first_at, first_cpu) = first.context("no output seen")?;
+    Ok(Watched {
+        outputs: seen,
+        startup_s: first_at.duration_since(started).as_secs_f64(),
+        window_s: done.duration_since(first_at).as_secs_f64().max(1e-3),
+        cpu_s: end_cpu - first_cpu,
+        peak_rss_mib,
     })
 }

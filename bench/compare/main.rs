@@ -13,6 +13,7 @@ mod options;
 mod probe;
 mod report;
 mod restore;
+mod scale;
 mod suite;
 mod workload;
 

@@ -44,6 +44,13 @@ pub struct Options {
     pub java_opts: Vec<String>,
     /// Seed of the generated inputs (`TALLY_BENCH_SEED`, 42).
     pub seed: u64,
+    /// Runs the scale section (`TALLY_BENCH_SCALE=1`, off by default): see `scale.rs`.
+    pub scale: bool,
+    /// Input records of the scale section's group runs (`TALLY_BENCH_SCALE_GROUP_RECORDS`, 600000).
+    pub scale_group_records: usize,
+    /// Distinct entities of the scale section's state runs, one record each
+    /// (`TALLY_BENCH_SCALE_ENTITIES`, `1000000,10000000`).
+    pub scale_entities: Vec<usize>,
     /// A sentence about the conditions of the run, copied into the results (`TALLY_BENCH_NOTE`).
     pub note: Option<String>,
     /// The command line that reproduces this run.
@@ -123,6 +130,19 @@ impl Options {
                     .with_context(|| format!("TALLY_BENCH_LATENCY_RATE={v} is not a rate of at least 1 record/s"))
             })
             .transpose()?;
+        let scale_entities = match var("TALLY_BENCH_SCALE_ENTITIES") {
+            None => vec![1_000_000, 10_000_000],
+            Some(list) => list
+                .split(',')
+                .map(|n| {
+                    n.trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .with_context(|| format!("TALLY_BENCH_SCALE_ENTITIES: `{n}` is not a positive count"))
+                })
+                .collect::<Result<_>>()?,
+        };
         let mut settings: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| k.starts_with("TALLY_BENCH_"))
             .collect();
@@ -159,6 +179,9 @@ impl Options {
                 .map(str::to_string)
                 .collect(),
             seed: number("TALLY_BENCH_SEED", 42)?,
+            scale: var("TALLY_BENCH_SCALE").is_some_and(|v| v != "0"),
+            scale_group_records: number("TALLY_BENCH_SCALE_GROUP_RECORDS", 600_000)?,
+            scale_entities,
             note: var("TALLY_BENCH_NOTE"),
             command: command.join(" "),
         })

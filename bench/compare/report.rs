@@ -3,6 +3,7 @@
 use crate::contender::Contender;
 use crate::latency::Latency;
 use crate::options::Options;
+use crate::scale::{self, ScaleResults};
 use crate::suite::{median, Results, WorkloadResult};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -70,6 +71,9 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
     costs(w, r);
     latency(w, o, r);
     restore(w, r);
+    if let Some(scale) = &r.scale {
+        scale_section(w, o, scale);
+    }
     targets(w, o, r);
     if !r.failures.is_empty() {
         let _ = writeln!(w, "\n## Failed runs\n");
@@ -341,6 +345,77 @@ fn restore(w: &mut String, r: &Results) {
     let _ = writeln!(w, "| median | {} | {} | {ratio:.2}× |", int(t), int(raw));
 }
 
+fn scale_section(w: &mut String, o: &Options, s: &ScaleResults) {
+    let _ = writeln!(w, "\n## Scale (tally only, `TALLY_BENCH_SCALE=1`)\n");
+    let _ = writeln!(
+        w,
+        "A consumer group of {} instances × {} stream threads over {} partitions against 1 × 1 on the same \
+         input ({} records of `{}`), each shape run once, the run failing unless the outputs are \
+         exactly the expected ones. This machine has {} cores, so the row shows that the group splits \
+         the work correctly and what it costs (rebalances at start, one transaction per thread), not a \
+         speedup.\n",
+        scale::SHAPES[1].0,
+        scale::SHAPES[1].1,
+        scale::GROUP_PARTITIONS,
+        o.scale_group_records,
+        scale::GROUP_WORKLOAD,
+        std::thread::available_parallelism().map_or(1, usize::from)
+    );
+    let _ = writeln!(
+        w,
+        "| instances × threads | records/s | CPU-s per 1M records (all instances) | peak RSS MiB per instance | outputs / expected |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for g in &s.groups {
+        let rss: Vec<String> = g.peak_rss_mib.iter().map(|m| format!("{m:.0}")).collect();
+        let _ = writeln!(
+            w,
+            "| {} × {} | {} | {:.2} | {} | {} / {} |",
+            g.instances,
+            g.threads,
+            int(g.throughput),
+            g.cpu_s_per_m,
+            rss.join(", "),
+            int(g.outputs as f64),
+            int(g.expected as f64)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "\nState of N distinct entities (`entity-sync.yaml`, one record of {} B per entity, so N records, \
+         N outputs and N keys in the version store), one instance, one run each:\n",
+        scale::ENTITY_VALUE_BYTES
+    );
+    let _ = writeln!(
+        w,
+        "| distinct entities | records/s | CPU-s per 1M records | peak RSS MiB | state directory MiB at the end |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|");
+    for e in &s.entities {
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.2} | {:.0} | {:.0} |",
+            int(e.distinct as f64),
+            int(e.throughput),
+            e.cpu_s_per_m,
+            e.peak_rss_mib,
+            e.state_bytes as f64 / (1024.0 * 1024.0)
+        );
+    }
+    if let (Some(small), Some(large)) = (s.entities.first(), s.entities.last()) {
+        if large.distinct > small.distinct {
+            let _ = writeln!(
+                w,
+                "\nPeak RSS with {} distinct entities is {:.2}× that with {} ({}× the entities).",
+                int(large.distinct as f64),
+                large.peak_rss_mib / small.peak_rss_mib.max(1e-9),
+                int(small.distinct as f64),
+                large.distinct / small.distinct.max(1)
+            );
+        }
+    }
+}
+
 fn verdict(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "met",
@@ -406,6 +481,38 @@ fn targets(w: &mut String, o: &Options, r: &Results) {
                 verdict(Some(lo >= 0.8 * m && hi <= 1.2 * m))
             );
         }
+    }
+    if let Some(scale) = &r.scale {
+        let shape = scale::SHAPES[1];
+        let group = scale.groups.iter().find(|g| (g.instances, g.threads) == shape);
+        let _ = writeln!(
+            w,
+            "| a group of {} instances × {} threads over {} partitions, exact outputs | {} | {} | {} |",
+            shape.0,
+            shape.1,
+            scale::GROUP_PARTITIONS,
+            scale::GROUP_WORKLOAD,
+            group.map_or("–".into(), |g| format!("{} / {} outputs", g.outputs, g.expected)),
+            verdict(group.map(|g| g.outputs == g.expected))
+        );
+        let ends = scale
+            .entities
+            .first()
+            .zip(scale.entities.last())
+            .filter(|(a, b)| b.distinct > a.distinct);
+        let _ = writeln!(
+            w,
+            "| peak RSS flat from the fewest to the most distinct entities (≤ 1.25×) | entity-sync | {} | {} |",
+            ends.map_or("–".into(), |(a, b)| format!(
+                "{:.0} → {:.0} MiB ({:.2}×) from {} to {} entities",
+                a.peak_rss_mib,
+                b.peak_rss_mib,
+                b.peak_rss_mib / a.peak_rss_mib.max(1e-9),
+                int(a.distinct as f64),
+                int(b.distinct as f64)
+            )),
+            verdict(ends.map(|(a, b)| b.peak_rss_mib <= 1.25 * a.peak_rss_mib))
+        );
     }
     let restore = median(r.restore.iter().map(|s| s.tally / s.raw).collect());
     let _ = writeln!(

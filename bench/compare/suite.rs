@@ -8,6 +8,7 @@ use crate::kafka;
 use crate::latency::{self, Latency};
 use crate::options::Options;
 use crate::restore::{self, RestoreSample};
+use crate::scale::{self, ScaleResults};
 use crate::workload::{Topology, Workload};
 use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -42,6 +43,8 @@ pub struct Results {
     pub latency_common: Option<(Contender, Vec<Latency>)>,
     /// Restore runs.
     pub restore: Vec<RestoreSample>,
+    /// The scale section, when asked for.
+    pub scale: Option<ScaleResults>,
     /// Runs that failed, with why.
     pub failures: Vec<String>,
 }
@@ -122,6 +125,7 @@ pub fn run(o: &Options, programs: &Programs, log_dir: &Path) -> Results {
         latency_capacity_from: None,
         latency_common: None,
         restore: Vec::new(),
+        scale: None,
         failures: Vec::new(),
     };
     for w in &o.workloads {
@@ -140,6 +144,9 @@ pub fn run(o: &Options, programs: &Programs, log_dir: &Path) -> Results {
             Ok(r) => results.restore = r,
             Err(e) => results.failures.push(format!("restore: {e:#}")),
         }
+    }
+    if o.scale {
+        results.scale = Some(scale::run(o, &tag, programs, log_dir, &mut results.failures));
     }
     results
 }

@@ -206,16 +206,27 @@ fn entities(n: usize, keys: usize, value_bytes: usize, seed: u64) -> Input {
             }
             (e, versions[e])
         };
-        let id = format!("C-{entity:07}");
-        let head = format!(
-            r#"{{"event_type":"entity.updated","entity_type":"customer","entity_id":"{id}","version":{version},"seq":{seq},"pad":""#
-        );
-        records.push((format!("customer:{id}").into_bytes(), padded(head, value_bytes)));
+        records.push(entity_record(entity, version, seq, value_bytes));
     }
     Input {
         records,
         expected_outputs: expected,
     }
+}
+
+/// One update of customer `entity` to `version` (message key and value).
+fn entity_record(entity: usize, version: i64, seq: usize, value_bytes: usize) -> (Vec<u8>, Vec<u8>) {
+    let id = format!("C-{entity:07}");
+    let head = format!(
+        r#"{{"event_type":"entity.updated","entity_type":"customer","entity_id":"{id}","version":{version},"seq":{seq},"pad":""#
+    );
+    (format!("customer:{id}").into_bytes(), padded(head, value_bytes))
+}
+
+/// Entities `range` of a state-size run, one record each (version 1): every record is an output
+/// and a key the version store keeps.
+pub fn distinct_entities(range: std::ops::Range<usize>, value_bytes: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    range.map(|e| entity_record(e, 1, e, value_bytes)).collect()
 }
 
 /// Closes a JSON value whose last field is an open `"pad":"` string, filled to `size` bytes.
