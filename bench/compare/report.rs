@@ -426,6 +426,12 @@ fn verdict(ok: Option<bool>) -> &'static str {
 
 fn targets(w: &mut String, o: &Options, r: &Results) {
     let _ = writeln!(w, "\n## Issue #21 targets\n");
+    let _ = writeln!(
+        w,
+        "Where a ceiling target is missed, the row below it gives the cores that target would take at \
+         tally's measured CPU per record; `docs/performance.md` has the profiles behind the CPU figures \
+         and the design changes that would lower them.\n"
+    );
     let _ = writeln!(w, "| target | workload | measured | verdict |");
     let _ = writeln!(w, "|---|---|---|---|");
     for wr in &r.workloads {
