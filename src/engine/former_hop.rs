@@ -78,6 +78,7 @@ fn first_unprocessed(consumer: &BaseConsumer, topic: &str) -> Result<Option<(i32
         from.add_partition_offset(topic, e.partition(), start)
             .with_context(|| format!("cannot start reading `{topic}` partition {}", e.partition()))?;
     }
+    // Replaces the assignment of the previous pipeline's topic, if any.
     consumer
         .assign(&from)
         .with_context(|| format!("cannot read `{topic}`"))?;
@@ -92,11 +93,7 @@ fn first_unprocessed(consumer: &BaseConsumer, topic: &str) -> Result<Option<(i32
             );
         }
         match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let found = (m.partition(), m.offset());
-                consumer.unassign().ok();
-                return Ok(Some(found));
-            }
+            Some(Ok(m)) => return Ok(Some((m.partition(), m.offset()))),
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p);
             }
@@ -104,6 +101,5 @@ fn first_unprocessed(consumer: &BaseConsumer, topic: &str) -> Result<Option<(i32
             None => {}
         }
     }
-    consumer.unassign().ok();
     Ok(None)
 }
