@@ -25,6 +25,9 @@ pub struct Sample {
     pub startup_s: f64,
     /// CPU seconds per 1M input records, over the same window as the throughput.
     pub cpu_s_per_m: f64,
+    /// The broker's CPU seconds per 1M input records over that window, where its processes are
+    /// known (`TALLY_BENCH_BROKER_PIDS`).
+    pub broker_cpu_s_per_m: Option<f64>,
     /// Peak RSS (VmHWM) of the process, MiB.
     pub peak_rss_mib: f64,
     /// Changelog bytes on the broker per input record (none for the ceiling).
@@ -49,6 +52,8 @@ pub struct Drain<'a> {
     pub partitions: i32,
     /// Longest a run may take.
     pub timeout: Duration,
+    /// The broker's processes, whose CPU is measured beside the contender's (may be empty).
+    pub broker: &'a [u32],
 }
 
 /// Runs `c` once over the preloaded input as run `id`.
@@ -64,8 +69,15 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
     let expected = if c.is_ceiling() { d.records } else { d.expected_outputs };
     let started = Instant::now();
     let mut proc = contender::start(c, d.workload.topology, &names, d.partitions, programs, log_dir)?;
-    let watched =
-        watch(&reader, expected, std::slice::from_mut(&mut proc), started, d.timeout).with_context(|| c.name())?;
+    let watched = watch(
+        &reader,
+        expected,
+        std::slice::from_mut(&mut proc),
+        d.broker,
+        started,
+        d.timeout,
+    )
+    .with_context(|| c.name())?;
     let peak_rss_mib = watched.peak_rss_mib.first().copied().unwrap_or_default();
     let log = proc.log.clone();
     proc.stop()?;
@@ -98,6 +110,7 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
         throughput: d.records as f64 / watched.window_s,
         startup_s: watched.startup_s,
         cpu_s_per_m: watched.cpu_s / d.records as f64 * 1e6,
+        broker_cpu_s_per_m: watched.broker_cpu_s.map(|s| s / d.records as f64 * 1e6),
         peak_rss_mib,
         changelog_bytes_per_record,
         outputs: watched.outputs,
@@ -115,20 +128,30 @@ pub struct Watched {
     pub window_s: f64,
     /// CPU seconds of all the processes over that window.
     pub cpu_s: f64,
+    /// CPU seconds of the broker's processes over that window (`None` where none are known or
+    /// one vanished).
+    pub broker_cpu_s: Option<f64>,
     /// Peak RSS of each process, MiB, in their order.
     pub peak_rss_mib: Vec<f64>,
 }
 
 /// Reads `reader` until `expected` outputs arrived (failing after `timeout` from `started`, or
 /// when a process exits), then a second more to catch outputs past the count; measures the
-/// processes' CPU between the first and the last expected output.
+/// processes' CPU, and the `broker` processes', between the first and the last expected output.
 pub fn watch(
     reader: &rdkafka::consumer::BaseConsumer,
     expected: usize,
     procs: &mut [contender::Running],
+    broker: &[u32],
     started: Instant,
     timeout: Duration,
 ) -> Result<Watched> {
+    let broker_cpu = || -> Option<f64> {
+        if broker.is_empty() {
+            return None;
+        }
+        broker.iter().map(|&pid| probe::usage(pid).map(|u| u.cpu_s)).sum()
+    };
     let cpu = |procs: &[contender::Running]| -> f64 {
         procs
             .iter()
@@ -136,7 +159,7 @@ pub fn watch(
             .sum()
     };
     let mut seen = 0usize;
-    let mut first: Option<(Instant, f64)> = None;
+    let mut first: Option<(Instant, f64, Option<f64>)> = None;
     let mut last_check = Instant::now();
     while seen < expected {
         if started.elapsed() > timeout {
@@ -150,7 +173,7 @@ pub fn watch(
             m.context("reading the output")?;
             seen += 1;
             if first.is_none() {
-                first = Some((Instant::now(), cpu(procs)));
+                first = Some((Instant::now(), cpu(procs), broker_cpu()));
             }
         }
         if last_check.elapsed() > Duration::from_millis(500) {
@@ -166,6 +189,7 @@ pub fn watch(
         .map(|p| probe::usage(p.pid).map(|u| u.cpu_s))
         .sum::<Option<f64>>()
         .context("a contender vanished")?;
+    let end_broker_cpu = broker_cpu();
     // A short extra read catches outputs past the expected count (duplicates leaking through).
     let extra_until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < extra_until {
@@ -178,12 +202,13 @@ pub fn watch(
         .iter()
         .map(|p| probe::usage(p.pid).map_or(0.0, |u| u.peak_rss_mib))
         .collect();
-    let (first_at, first_cpu) = first.context("no output seen")?;
+    let (first_at, first_cpu, first_broker_cpu) = first.context("no output seen")?;
     Ok(Watched {
         outputs: seen,
         startup_s: first_at.duration_since(started).as_secs_f64(),
         window_s: done.duration_since(first_at).as_secs_f64().max(1e-3),
         cpu_s: end_cpu - first_cpu,
+        broker_cpu_s: first_broker_cpu.zip(end_broker_cpu).map(|(a, b)| b - a),
         peak_rss_mib,
     })
 }

@@ -6,6 +6,7 @@ use crate::contender::{self, Contender, Programs, RunNames};
 use crate::host::{self, CpuTicks};
 use crate::kafka;
 use crate::options::Options;
+use crate::probe;
 use crate::workload::{self, Topology};
 use anyhow::{bail, Context, Result};
 use rdkafka::Message;
@@ -41,8 +42,21 @@ pub struct Latency {
     pub visible: [f64; 3],
     /// CPU steal on the machine during the run (`–` where unknown).
     pub steal: String,
+    /// How loaded the machine was while the input was paced.
+    pub load: Load,
     /// The p99 of every run of this contender at this rate; this row is the median one.
     pub p99_of_runs: Vec<f64>,
+}
+
+/// What the machine did while the input was paced (`None`: not readable here).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Load {
+    /// Share of all the machine's CPU time that was busy, in percent.
+    pub machine_busy_pct: Option<f64>,
+    /// Cores the contender's process used on average.
+    pub contender_cores: Option<f64>,
+    /// Cores the broker's processes used on average (`TALLY_BENCH_BROKER_PIDS`).
+    pub broker_cores: Option<f64>,
 }
 
 /// One output: its seq, its append time and when the reader got it (ms since the epoch).
@@ -78,13 +92,23 @@ pub fn run(c: Contender, rate: f64, o: &Options, id: &str, programs: &Programs, 
         std::thread::spawn(move || watch(&output, partitions, total, &count, &stop))
     };
     let ticks_before = CpuTicks::now();
-    let result = drive(c, &names, partitions, programs, log_dir, rate, measured, &count);
+    let result = drive(
+        c,
+        &names,
+        partitions,
+        programs,
+        log_dir,
+        rate,
+        measured,
+        &count,
+        &o.broker_pids,
+    );
     let steal = host::steal_text(ticks_before, CpuTicks::now());
     stop.store(true, Ordering::SeqCst);
     let seen = watcher
         .join()
         .map_err(|_| anyhow::anyhow!("the output watcher panicked"))??;
-    result?;
+    let load = result?;
     let appended = input_append_times(&input, partitions, total)?;
     kafka::delete_prefixed(&names.app)?;
     let first_measured = WARMUP + (measured as f64 * WARM_SHARE) as usize;
@@ -113,6 +137,7 @@ pub fn run(c: Contender, rate: f64, o: &Options, id: &str, programs: &Programs, 
         append: percentiles(append),
         visible: percentiles(visible),
         steal,
+        load,
         p99_of_runs: Vec::new(),
     })
 }
@@ -131,7 +156,8 @@ fn dump(path: &Path, seen: &[Seen], appended: &HashMap<usize, i64>) -> Result<()
     std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))
 }
 
-/// Starts the contender, warms it up, paces the input and waits for every output.
+/// Starts the contender, warms it up, paces the input and waits for every output; measures the
+/// machine's load while the input is paced.
 #[allow(clippy::too_many_arguments)]
 fn drive(
     c: Contender,
@@ -142,7 +168,8 @@ fn drive(
     rate: f64,
     measured: usize,
     count: &AtomicUsize,
-) -> Result<()> {
+    broker: &[u32],
+) -> Result<Load> {
     let mut proc = contender::start(c, Topology::Payments, names, partitions, programs, log_dir)?;
     let producer = kafka::producer(5)?;
     let seed = 7;
@@ -152,6 +179,13 @@ fn drive(
     }
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
     wait_for(count, WARMUP, Duration::from_secs(180), &mut proc).context("warm-up")?;
+    let cpu_s = |pids: &[u32]| -> Option<f64> {
+        if pids.is_empty() {
+            return None;
+        }
+        pids.iter().map(|&pid| probe::usage(pid).map(|u| u.cpu_s)).sum()
+    };
+    let before = (CpuTicks::now(), cpu_s(&[proc.pid]), cpu_s(broker));
     let start = Instant::now();
     for i in 0..measured {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
@@ -163,10 +197,17 @@ fn drive(
         let (k, v) = workload::payment_record(seed, seq, seq, 256);
         kafka::send(&producer, &names.input, k.as_bytes(), &v)?;
     }
+    let paced_s = start.elapsed().as_secs_f64();
+    let cores = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a) / paced_s);
+    let load = Load {
+        machine_busy_pct: before.0.zip(CpuTicks::now()).and_then(|(a, b)| b.busy_since(&a)),
+        contender_cores: cores(before.1, cpu_s(&[proc.pid])),
+        broker_cores: cores(before.2, cpu_s(broker)),
+    };
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
     wait_for(count, WARMUP + measured, Duration::from_secs(120), &mut proc)?;
     proc.stop()?;
-    Ok(())
+    Ok(load)
 }
 
 fn wait_for(count: &AtomicUsize, n: usize, timeout: Duration, proc: &mut contender::Running) -> Result<()> {

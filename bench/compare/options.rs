@@ -51,6 +51,10 @@ pub struct Options {
     /// Distinct entities of the scale section's state runs, one record each
     /// (`TALLY_BENCH_SCALE_ENTITIES`, `1000000,10000000`).
     pub scale_entities: Vec<usize>,
+    /// The broker's processes, whose CPU each run measures beside the contender's
+    /// (`TALLY_BENCH_BROKER_PIDS`, space- or comma-separated; scripts/bench sets it for the local
+    /// broker). Empty: the broker's CPU is not measured.
+    pub broker_pids: Vec<u32>,
     /// A sentence about the conditions of the run, copied into the results (`TALLY_BENCH_NOTE`).
     pub note: Option<String>,
     /// The command line that reproduces this run.
@@ -143,8 +147,18 @@ impl Options {
                 })
                 .collect::<Result<_>>()?,
         };
+        let broker_pids = var("TALLY_BENCH_BROKER_PIDS")
+            .unwrap_or_default()
+            .split([' ', ','])
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.parse::<u32>()
+                    .with_context(|| format!("TALLY_BENCH_BROKER_PIDS: `{p}` is not a process id"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // The broker's process ids change with every start: not part of the command to repeat.
         let mut settings: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("TALLY_BENCH_"))
+            .filter(|(k, _)| k.starts_with("TALLY_BENCH_") && k != "TALLY_BENCH_BROKER_PIDS")
             .collect();
         settings.sort();
         let mut command: Vec<String> = settings
@@ -182,6 +196,7 @@ impl Options {
             scale: var("TALLY_BENCH_SCALE").is_some_and(|v| v != "0"),
             scale_group_records: number("TALLY_BENCH_SCALE_GROUP_RECORDS", 600_000)?,
             scale_entities,
+            broker_pids,
             note: var("TALLY_BENCH_NOTE"),
             command: command.join(" "),
         })

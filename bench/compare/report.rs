@@ -120,7 +120,9 @@ const METHOD: &str = r#"
   (process start → first output) is shown apart. Ratios are the median of the per-round ratios
   (the contenders of one round ran back to back), min–max in brackets.
 - **CPU-s per 1M records**: user + system CPU of the process (`/proc/<pid>/stat`) over the same
-  window. **Peak RSS**: `VmHWM` of the process at the end. The broker's CPU is not counted.
+  window. **Broker CPU-s per 1M records**: the same for the broker's processes (broker and
+  controller, `TALLY_BENCH_BROKER_PIDS`; scripts/bench finds them for the local broker), `–` where
+  they are not known. **Peak RSS**: `VmHWM` of the process at the end.
 - **Changelog bytes per input record**: on-disk size of the run's changelog topics
   (`LogDirsCommand`) / input records.
 - **Latency**: a paced producer writes unique payment events (256 B) at a share
@@ -136,7 +138,11 @@ const METHOD: &str = r#"
   `TALLY_BENCH_RUNS` times at each rate, rounds interleaved; its row is the run with the median
   p99. "CPU steal" is the share
   of the machine's CPU time the hypervisor gave to other guests during the run (`/proc/stat`):
-  the broker, the producer and the contender all wait through it.
+  the broker, the producer and the contender all wait through it. "Machine busy" is the share of
+  all cores neither idle nor stolen while the input was paced, and "contender cores" and "broker
+  cores" the average cores those processes used then: the paced producer, the output reader and
+  the broker share the machine with the contender, so half of a contender's preloaded-input
+  capacity is not half of the machine.
 - **Restore**: tally restoring a changelog of N dedup entries into an empty state directory
   (its `restore finished` log line) versus a raw read_committed consume of the same changelog
   (10 ms fetch waits like tally's restore consumer; librdkafka's fetch sizes, the faster ones for
@@ -229,9 +235,9 @@ fn costs(w: &mut String, r: &Results) {
     let _ = writeln!(w, "\n## Cost per contender (median over runs)\n");
     let _ = writeln!(
         w,
-        "| workload | contender | CPU-s per 1M records | peak RSS MiB | changelog B / input record | startup s | runs with exactly the expected outputs |"
+        "| workload | contender | CPU-s per 1M records | broker CPU-s per 1M records | peak RSS MiB | changelog B / input record | startup s | runs with exactly the expected outputs |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|");
     for wr in &r.workloads {
         for c in [
             Contender::Ceiling,
@@ -246,10 +252,12 @@ fn costs(w: &mut String, r: &Results) {
             let med = |f: fn(&crate::drain::Sample) -> f64| median(s.iter().map(|x| f(x)).collect()).unwrap_or(0.0);
             let changelog = median(s.iter().filter_map(|x| x.changelog_bytes_per_record).collect())
                 .map_or("–".to_string(), |b| format!("{b:.1}"));
+            let broker = median(s.iter().filter_map(|x| x.broker_cpu_s_per_m).collect())
+                .map_or("–".to_string(), |b| format!("{b:.2}"));
             let exact = s.iter().filter(|x| x.outputs == x.expected).count();
             let _ = writeln!(
                 w,
-                "| {} | {} | {:.2} | {:.0} | {} | {:.1} | {exact} of {} |",
+                "| {} | {} | {:.2} | {broker} | {:.0} | {} | {:.1} | {exact} of {} |",
                 wr.workload.name,
                 c.name(),
                 med(|x| x.cpu_s_per_m),
@@ -295,14 +303,15 @@ fn latency(w: &mut String, o: &Options, r: &Results) {
 fn latency_table(w: &mut String, runs: &[Latency]) {
     let _ = writeln!(
         w,
-        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | p99 of each run |"
+        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | p99 of each run |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in runs {
         let p99s: Vec<String> = l.p99_of_runs.iter().map(|p| format!("{p:.0}")).collect();
+        let or_dash = |v: Option<f64>, f: fn(f64) -> String| v.map_or_else(|| "–".to_string(), f);
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
             l.contender.name(),
             int(l.rate),
             int(l.achieved_rate),
@@ -314,6 +323,9 @@ fn latency_table(w: &mut String, runs: &[Latency]) {
             l.visible[1],
             l.visible[2],
             l.steal,
+            or_dash(l.load.machine_busy_pct, |p| format!("{p:.0}%")),
+            or_dash(l.load.contender_cores, |c| format!("{c:.2}")),
+            or_dash(l.load.broker_cores, |c| format!("{c:.2}")),
             p99s.join(", ")
         );
     }
@@ -548,30 +560,55 @@ fn targets(w: &mut String, o: &Options, r: &Results) {
 }
 
 /// The row that says whether the ceiling target fits this machine at all: 0.75× the ceiling's
-/// rate at tally's measured CPU per record needs that many cores, the broker not counted (so
-/// it is a lower bound), against the machine's; and the CPU per record that would fit.
+/// rate at the CPU per record measured in tally's runs (tally's, plus the broker's where its
+/// processes are known) needs that many cores, against the machine's; and the CPU per record
+/// that would fit. Beside it, the cores the ceiling's own runs used, passthrough and broker.
 fn cores_needed(w: &mut String, wr: &WorkloadResult, bound: Contender) {
-    let cpu = median(wr.of(Contender::Tally).iter().map(|s| s.cpu_s_per_m).collect());
+    let cpu = |c: Contender| {
+        let s = wr.of(c);
+        let own = median(s.iter().map(|s| s.cpu_s_per_m).collect());
+        let broker = median(s.iter().filter_map(|s| s.broker_cpu_s_per_m).collect());
+        own.map(|own| (own, broker))
+    };
     let rate = median(wr.of(bound).iter().map(|s| s.throughput).collect());
-    let (Some(cpu), Some(rate)) = (cpu, rate) else {
+    let (Some((tally, broker)), Some(rate)) = (cpu(Contender::Tally), rate) else {
         return;
     };
     let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
     let target = 0.75 * rate;
-    let needed = target * cpu / 1e6;
+    let per_record = tally + broker.unwrap_or(0.0);
+    let needed = target * per_record / 1e6;
     let allowed = cores * 1e6 / target;
     let (gap, verdict) = if needed <= cores {
         (String::new(), "fits this machine")
     } else {
         (
-            format!(", {:.1}× less than measured", cpu / allowed),
+            format!(", {:.1}× less than measured", per_record / allowed),
             "**beyond this machine**",
         )
     };
+    let (counted, measured) = match broker {
+        Some(b) => (
+            "tally's + the broker's CPU per record in tally's runs",
+            format!("{per_record:.2} CPU-s per 1M records (tally {tally:.2} + broker {b:.2})"),
+        ),
+        None => (
+            "tally's CPU per record; the broker not measured",
+            format!("{per_record:.2} CPU-s per 1M records"),
+        ),
+    };
+    let ceiling_used = match cpu(bound) {
+        Some((own, Some(b))) => format!(
+            "; the {} itself used {:.1} cores ({own:.2} + broker {b:.2} CPU-s per 1M)",
+            bound.name(),
+            rate * (own + b) / 1e6
+        ),
+        _ => String::new(),
+    };
     let _ = writeln!(
         w,
-        "| cores tally needs at 0.75× the {} (that rate × tally's CPU per record; the broker not counted) | {} | \
-         {needed:.1} cores at {cpu:.2} CPU-s per 1M records; {cores:.0} cores allow ≤ {allowed:.2}{gap} | {verdict} |",
+        "| cores tally needs at 0.75× the {} (that rate × {counted}) | {} | \
+         {needed:.1} cores at {measured}; {cores:.0} cores allow ≤ {allowed:.2}{gap}{ceiling_used} | {verdict} |",
         bound.name(),
         wr.workload.name,
     );

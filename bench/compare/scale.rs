@@ -138,7 +138,7 @@ fn group(
     let mut procs = (0..instances)
         .map(|i| contender::start_tally(&file, &format!("i{i}"), &names, programs, log_dir))
         .collect::<Result<Vec<Running>>>()?;
-    let watched = drain::watch(&reader, expected, &mut procs, started, o.timeout);
+    let watched = drain::watch(&reader, expected, &mut procs, &o.broker_pids, started, o.timeout);
     for p in procs {
         p.stop()?;
     }
@@ -177,7 +177,14 @@ fn entities(o: &Options, n: usize, tag: &str, programs: &Programs, log_dir: &Pat
     let mut proc = contender::start_tally(&file, "bench", &names, programs, log_dir)?;
     // Ten times the input of a matrix run: the timeout grows with it.
     let timeout = o.timeout.max(Duration::from_secs((n / 10_000) as u64));
-    let watched = drain::watch(&reader, n, std::slice::from_mut(&mut proc), started, timeout);
+    let watched = drain::watch(
+        &reader,
+        n,
+        std::slice::from_mut(&mut proc),
+        &o.broker_pids,
+        started,
+        timeout,
+    );
     let state_bytes = proc.state_bytes();
     proc.stop()?;
     kafka::delete_prefixed(&names.app)?;

@@ -178,6 +178,7 @@ fn workload(
         expected_outputs: generated.expected_outputs,
         partitions: o.partitions,
         timeout: o.timeout,
+        broker: &o.broker_pids,
     };
     drop(generated);
     let mut samples = Vec::new();
