@@ -138,12 +138,40 @@ pub struct Running {
     state: tempfile::TempDir,
 }
 
-/// Starts `c` on `topology` with `partitions` input partitions; logs go to `log_dir`.
+/// How often a ceiling reads its input: `count` passes over `records` input records.
+#[derive(Debug, Clone, Copy)]
+pub struct Passes {
+    /// Passes over the input.
+    pub count: usize,
+    /// Input records per pass.
+    pub records: usize,
+}
+
+impl Passes {
+    /// One pass, for inputs that are not preloaded (or contenders that read once).
+    pub const ONE: Passes = Passes { count: 1, records: 0 };
+
+    fn args(self) -> Vec<String> {
+        if self.count <= 1 {
+            return Vec::new();
+        }
+        vec![
+            "--passes".into(),
+            self.count.to_string(),
+            "--input-records".into(),
+            self.records.to_string(),
+        ]
+    }
+}
+
+/// Starts `c` on `topology` with `partitions` input partitions; a ceiling reads its input
+/// `passes` times. Logs go to `log_dir`.
 pub fn start(
     c: Contender,
     topology: Topology,
     names: &RunNames,
     partitions: i32,
+    passes: Passes,
     programs: &Programs,
     log_dir: &Path,
 ) -> Result<Running> {
@@ -152,12 +180,13 @@ pub fn start(
     let cmd = match c {
         Contender::Ceiling => {
             let mut cmd = Command::new(&programs.passthrough);
-            cmd.args([&kafka::bootstrap(), &names.app, &names.input, &names.output]);
+            cmd.args(passes.args())
+                .args([&kafka::bootstrap(), &names.app, &names.input, &names.output]);
             cmd
         }
         Contender::CeilingTwoHop => {
             let mut cmd = Command::new(&programs.passthrough);
-            cmd.args([
+            cmd.args(passes.args()).args([
                 &kafka::bootstrap(),
                 &names.app,
                 &names.input,

@@ -1,6 +1,6 @@
 //! One throughput run: a contender drains a preloaded input; the harness watches its output.
 
-use crate::contender::{self, Contender, Programs, RunNames};
+use crate::contender::{self, Contender, Passes, Programs, RunNames};
 use crate::kafka;
 use crate::probe;
 use crate::workload::Workload;
@@ -54,6 +54,8 @@ pub struct Drain<'a> {
     pub timeout: Duration,
     /// The broker's processes, whose CPU is measured beside the contender's (may be empty).
     pub broker: &'a [u32],
+    /// Passes of a ceiling over the input (the stateful contenders read it once).
+    pub ceiling_passes: usize,
 }
 
 /// Runs `c` once over the preloaded input as run `id`.
@@ -65,10 +67,20 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
     }
     kafka::create_topics(&topics, &[])?;
     let reader = kafka::committed_reader(&names.output, d.partitions)?;
-    // The ceiling copies every record; the stateful contenders drop duplicates and stale versions.
-    let expected = if c.is_ceiling() { d.records } else { d.expected_outputs };
+    // The ceiling copies every record of every pass; the stateful contenders read the input once
+    // and drop duplicates and stale versions.
+    let (passes, expected) = if c.is_ceiling() {
+        let passes = Passes {
+            count: d.ceiling_passes,
+            records: d.records,
+        };
+        (passes, d.records * d.ceiling_passes)
+    } else {
+        (Passes::ONE, d.expected_outputs)
+    };
+    let read = d.records * passes.count;
     let started = Instant::now();
-    let mut proc = contender::start(c, d.workload.topology, &names, d.partitions, programs, log_dir)?;
+    let mut proc = contender::start(c, d.workload.topology, &names, d.partitions, passes, programs, log_dir)?;
     let watched = watch(
         &reader,
         expected,
@@ -107,10 +119,10 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
     Ok(Sample {
         round: 0,
         contender: c,
-        throughput: d.records as f64 / watched.window_s,
+        throughput: read as f64 / watched.window_s,
         startup_s: watched.startup_s,
-        cpu_s_per_m: watched.cpu_s / d.records as f64 * 1e6,
-        broker_cpu_s_per_m: watched.broker_cpu_s.map(|s| s / d.records as f64 * 1e6),
+        cpu_s_per_m: watched.cpu_s / read as f64 * 1e6,
+        broker_cpu_s_per_m: watched.broker_cpu_s.map(|s| s / read as f64 * 1e6),
         peak_rss_mib,
         changelog_bytes_per_record,
         outputs: watched.outputs,
@@ -146,12 +158,6 @@ pub fn watch(
     started: Instant,
     timeout: Duration,
 ) -> Result<Watched> {
-    let broker_cpu = || -> Option<f64> {
-        if broker.is_empty() {
-            return None;
-        }
-        broker.iter().map(|&pid| probe::usage(pid).map(|u| u.cpu_s)).sum()
-    };
     let cpu = |procs: &[contender::Running]| -> f64 {
         procs
             .iter()
@@ -173,7 +179,7 @@ pub fn watch(
             m.context("reading the output")?;
             seen += 1;
             if first.is_none() {
-                first = Some((Instant::now(), cpu(procs), broker_cpu()));
+                first = Some((Instant::now(), cpu(procs), probe::cpu_s(broker)));
             }
         }
         if last_check.elapsed() > Duration::from_millis(500) {
@@ -189,7 +195,7 @@ pub fn watch(
         .map(|p| probe::usage(p.pid).map(|u| u.cpu_s))
         .sum::<Option<f64>>()
         .context("a contender vanished")?;
-    let end_broker_cpu = broker_cpu();
+    let end_broker_cpu = probe::cpu_s(broker);
     // A short extra read catches outputs past the expected count (duplicates leaking through).
     let extra_until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < extra_until {

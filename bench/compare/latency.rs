@@ -2,7 +2,7 @@
 //! unique payment events; each output's append time minus its input's append time (both
 //! LogAppendTime, read_committed) is one sample.
 
-use crate::contender::{self, Contender, Programs, RunNames};
+use crate::contender::{self, Contender, Passes, Programs, RunNames};
 use crate::host::{self, CpuTicks};
 use crate::kafka;
 use crate::options::Options;
@@ -170,7 +170,7 @@ fn drive(
     count: &AtomicUsize,
     broker: &[u32],
 ) -> Result<Load> {
-    let mut proc = contender::start(c, Topology::Payments, names, partitions, programs, log_dir)?;
+    let mut proc = contender::start(c, Topology::Payments, names, partitions, Passes::ONE, programs, log_dir)?;
     let producer = kafka::producer(5)?;
     let seed = 7;
     for seq in 0..WARMUP {
@@ -179,13 +179,7 @@ fn drive(
     }
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
     wait_for(count, WARMUP, Duration::from_secs(180), &mut proc).context("warm-up")?;
-    let cpu_s = |pids: &[u32]| -> Option<f64> {
-        if pids.is_empty() {
-            return None;
-        }
-        pids.iter().map(|&pid| probe::usage(pid).map(|u| u.cpu_s)).sum()
-    };
-    let before = (CpuTicks::now(), cpu_s(&[proc.pid]), cpu_s(broker));
+    let before = (CpuTicks::now(), probe::cpu_s(&[proc.pid]), probe::cpu_s(broker));
     let start = Instant::now();
     for i in 0..measured {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
@@ -201,8 +195,8 @@ fn drive(
     let cores = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a) / paced_s);
     let load = Load {
         machine_busy_pct: before.0.zip(CpuTicks::now()).and_then(|(a, b)| b.busy_since(&a)),
-        contender_cores: cores(before.1, cpu_s(&[proc.pid])),
-        broker_cores: cores(before.2, cpu_s(broker)),
+        contender_cores: cores(before.1, probe::cpu_s(&[proc.pid])),
+        broker_cores: cores(before.2, probe::cpu_s(broker)),
     };
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
     wait_for(count, WARMUP + measured, Duration::from_secs(120), &mut proc)?;

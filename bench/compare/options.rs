@@ -14,8 +14,11 @@ pub struct Options {
     /// Runs per contender and workload, interleaved (`TALLY_BENCH_RUNS`, 3).
     pub runs: usize,
     /// Back-to-back runs of each ceiling per round, the median kept (`TALLY_BENCH_CEILING_REPEATS`,
-    /// 5): a ceiling drains the input in under a second, so one run's figure is mostly jitter.
+    /// 3), against the jitter of a shared machine.
     pub ceiling_repeats: usize,
+    /// Input records a ceiling run reads at least (`TALLY_BENCH_CEILING_RECORDS`, 1000000): it
+    /// reads the preloaded input as many times as that takes, so its window lasts seconds.
+    pub ceiling_records: usize,
     /// Partitions of input and output topics (`TALLY_BENCH_PARTITIONS`, 3).
     pub partitions: i32,
     /// Workloads (`TALLY_BENCH_WORKLOADS`: `all`, `none` or comma-separated names, default all).
@@ -117,7 +120,7 @@ impl Options {
         if runs == 0 {
             bail!("TALLY_BENCH_RUNS must be at least 1");
         }
-        let ceiling_repeats = number("TALLY_BENCH_CEILING_REPEATS", 5)?;
+        let ceiling_repeats = number("TALLY_BENCH_CEILING_REPEATS", 3)?;
         if ceiling_repeats == 0 {
             bail!("TALLY_BENCH_CEILING_REPEATS must be at least 1");
         }
@@ -176,6 +179,7 @@ impl Options {
             records: number("TALLY_BENCH_RECORDS", 200_000)?,
             runs,
             ceiling_repeats,
+            ceiling_records: number("TALLY_BENCH_CEILING_RECORDS", 1_000_000)?,
             partitions: number("TALLY_BENCH_PARTITIONS", 3)?,
             workloads,
             contenders,

@@ -33,6 +33,14 @@ pub fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
+/// The CPU seconds `pids` used so far, together; `None` for no pids or once one is gone.
+pub fn cpu_s(pids: &[u32]) -> Option<f64> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().map(|&pid| usage(pid).map(|u| u.cpu_s)).sum()
+}
+
 fn clock_ticks() -> f64 {
     static TICKS: OnceLock<f64> = OnceLock::new();
     *TICKS.get_or_init(|| {

@@ -4,7 +4,7 @@
 //! here than tally's 16 MiB fetches do without a store to write (263-295k records/s against
 //! 368-725k).
 
-use crate::contender::{self, Contender, Programs, RunNames};
+use crate::contender::{self, Contender, Passes, Programs, RunNames};
 use crate::kafka;
 use crate::workload::Topology;
 use anyhow::{bail, Context, Result};
@@ -84,7 +84,15 @@ fn raw_consume(topic: &str, records: usize) -> Result<f64> {
 
 fn tally_restore(names: &RunNames, records: usize, programs: &Programs, log_dir: &Path, run: usize) -> Result<f64> {
     // Same application id every run, fresh state directory: each run restores the whole changelog.
-    let mut proc = contender::start(Contender::Tally, Topology::Payments, names, 1, programs, log_dir)?;
+    let mut proc = contender::start(
+        Contender::Tally,
+        Topology::Payments,
+        names,
+        1,
+        Passes::ONE,
+        programs,
+        log_dir,
+    )?;
     let log = proc.log.clone();
     let deadline = Instant::now() + Duration::from_secs(600);
     let line = loop {

@@ -179,6 +179,7 @@ fn workload(
         partitions: o.partitions,
         timeout: o.timeout,
         broker: &o.broker_pids,
+        ceiling_passes: o.ceiling_records.div_ceil(generated.records.len().max(1)).max(1),
     };
     drop(generated);
     let mut samples = Vec::new();
