@@ -95,7 +95,8 @@ const METHOD: &str = r#"
   once (offsets committed every 100 ms after every produced record was acknowledged), tally's
   client settings (read_committed, cooperative-sticky, 2 MiB prefetch, idempotent producer,
   `linger.ms` 5), one thread, reading the preloaded input several times over (see the spread
-  note above). It does one hop; tally and Kafka Streams do two (source → repartition topic → output) except on the
+  note above; `fetch.wait.max.ms` 10 then, so going back to the input's beginning does not wait
+  out the broker's 500 ms long poll at its end). It does one hop; tally and Kafka Streams do two (source → repartition topic → output) except on the
   `keyed` workloads. Issue #21 sets the co-partitioned (keyed) target against this one-hop
   ceiling.
 - **two-hop ceiling** (`ceiling-2hop`): the same passthrough doing two hops in its one thread

@@ -7,11 +7,22 @@ use std::time::Duration;
 /// tally's `transaction.timeout.ms` unless the topology sets one.
 const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
 
-/// Bootstrap servers and the topology's pass-through properties.
+/// How often librdkafka emits statistics. Only the stream consumers read them (consumer lag,
+/// held-back partitions); any other client would hand each document to rust-rdkafka's default
+/// handler, which parses it and logs it whole at info level (kilobytes per client and interval).
+const STATISTICS_INTERVAL: &str = "statistics.interval.ms";
+
+/// The stream consumers' statistics interval unless `kafka.properties` sets one.
+const DEFAULT_STATISTICS_INTERVAL_MS: &str = "5000";
+
+/// Bootstrap servers and the topology's pass-through properties, except the statistics
+/// interval, which only the stream consumers get.
 pub fn base(t: &Topology) -> ClientConfig {
     let mut c = ClientConfig::new();
     for (k, v) in &t.kafka.properties {
-        c.set(k, v);
+        if k != STATISTICS_INTERVAL {
+            c.set(k, v);
+        }
     }
     c.set("bootstrap.servers", &t.kafka.bootstrap_servers);
     c
@@ -30,7 +41,13 @@ pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
         .set("enable.auto.offset.store", "false")
         .set_if_absent("auto.offset.reset", "earliest")
         // Statistics carry the consumer lag (`tally_consumer_lag_records`).
-        .set_if_absent("statistics.interval.ms", "5000")
+        .set(
+            STATISTICS_INTERVAL,
+            t.kafka
+                .properties
+                .get(STATISTICS_INTERVAL)
+                .map_or(DEFAULT_STATISTICS_INTERVAL_MS, String::as_str),
+        )
         // librdkafka prefetches up to 64 MiB by default (fetch.max.bytes follows this cap), and
         // the fetch buffers behind a full queue cost about three times the queue's size in
         // resident memory. 2 MiB is about what Kafka Streams buffers (1,000 records per
@@ -142,5 +159,51 @@ impl SetIfAbsent for ClientConfig {
             self.set(key, value);
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(properties: &str) -> Topology {
+        let yaml = format!(
+            r#"
+application_id: app
+kafka: {{ bootstrap_servers: "k:9092", properties: {properties} }}
+sources: {{ payments: {{ topic: pay }} }}
+pipelines:
+  - {{ name: payments, from: payments, key: "{{id}}", to: {{ topic: out }} }}
+dead_letter: {{ topic: dlq }}
+"#
+        );
+        crate::config::load_str("t.yaml", &yaml, |_| None).expect("valid topology")
+    }
+
+    #[test]
+    fn only_the_stream_consumers_emit_statistics_at_the_interval_the_user_sets() {
+        let t = topology(r#"{ statistics.interval.ms: "200", linger.ms: "7" }"#);
+        assert_eq!(stream_consumer(&t, "c").get(STATISTICS_INTERVAL), Some("200"));
+        for (client, config) in [
+            ("producer", transactional_producer(&t, "p")),
+            ("restore consumer", restore_consumer(&t)),
+            ("global reader", global_reader(&t)),
+            ("watch reader", watch_reader(&t, "g")),
+            ("base", base(&t)),
+        ] {
+            assert_eq!(config.get(STATISTICS_INTERVAL), None, "{client}");
+        }
+        assert_eq!(
+            transactional_producer(&t, "p").get("linger.ms"),
+            Some("7"),
+            "other properties pass"
+        );
+    }
+
+    #[test]
+    fn the_stream_consumers_emit_statistics_every_five_seconds_by_default() {
+        let t = topology("{}");
+        assert_eq!(stream_consumer(&t, "c").get(STATISTICS_INTERVAL), Some("5000"));
+        assert_eq!(transactional_producer(&t, "p").get(STATISTICS_INTERVAL), None);
     }
 }
