@@ -175,8 +175,10 @@ pub fn watch(
                 tails.join("\n---\n")
             );
         }
-        if let Some(m) = reader.poll(Duration::from_millis(100)) {
-            m.context("reading the output")?;
+        if kafka::next(reader, Duration::from_millis(100))
+            .context("reading the output")?
+            .is_some()
+        {
             seen += 1;
             if first.is_none() {
                 first = Some((Instant::now(), cpu(procs), probe::cpu_s(broker)));
@@ -199,8 +201,10 @@ pub fn watch(
     // A short extra read catches outputs past the expected count (duplicates leaking through).
     let extra_until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < extra_until {
-        if let Some(m) = reader.poll(Duration::from_millis(100)) {
-            m.context("reading the output")?;
+        if kafka::next(reader, Duration::from_millis(100))
+            .context("reading the output")?
+            .is_some()
+        {
             seen += 1;
         }
     }

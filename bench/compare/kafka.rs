@@ -5,6 +5,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::path::Path;
@@ -123,6 +124,23 @@ pub fn preload(topic: &str, records: &[(Vec<u8>, Vec<u8>)], partitioner: &str) -
         send(&producer, topic, k, v)?;
     }
     producer.flush(Duration::from_secs(120)).context("flushing the preload")
+}
+
+/// The next record of `reader` within `wait`; `None` when none came, or when the consumer only
+/// reported that its broker connections dropped: librdkafka reconnects by itself, and a reader
+/// that stays cut off is caught by its caller's timeout.
+pub fn next(reader: &BaseConsumer, wait: Duration) -> Result<Option<BorrowedMessage<'_>>> {
+    match reader.poll(wait) {
+        None => Ok(None),
+        Some(Ok(m)) => Ok(Some(m)),
+        Some(Err(KafkaError::MessageConsumption(
+            code @ (RDKafkaErrorCode::AllBrokersDown | RDKafkaErrorCode::BrokerTransportFailure),
+        ))) => {
+            eprintln!("bench: a reader lost its broker connections ({code}); librdkafka reconnects");
+            Ok(None)
+        }
+        Some(Err(e)) => Err(e).context("reading"),
+    }
 }
 
 /// A read_committed consumer assigned to every partition of `topic` from the beginning.

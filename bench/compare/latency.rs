@@ -224,8 +224,7 @@ fn watch(topic: &str, partitions: i32, total: usize, count: &AtomicUsize, stop: 
     let reader = kafka::committed_reader(topic, partitions)?;
     let mut seen = Vec::with_capacity(total);
     while seen.len() < total && !stop.load(Ordering::SeqCst) {
-        if let Some(m) = reader.poll(Duration::from_millis(50)) {
-            let m = m.context("reading the output")?;
+        if let Some(m) = kafka::next(&reader, Duration::from_millis(50)).context("reading the output")? {
             let received = now_ms();
             let seq = m.payload().and_then(workload::seq_of).context("output without a seq")?;
             let ts = m.timestamp().to_millis().context("output without a timestamp")?;
