@@ -1,6 +1,7 @@
 //! One throughput run: a contender drains a preloaded input; the harness watches its output.
 
 use crate::contender::{self, Contender, Passes, Programs, RunNames};
+use crate::host::Stalls;
 use crate::kafka;
 use crate::probe;
 use crate::workload::Workload;
@@ -36,6 +37,8 @@ pub struct Sample {
     pub outputs: usize,
     /// Outputs a correct run makes.
     pub expected: usize,
+    /// Stalls of the whole machine between the contender's start and its last output.
+    pub stalls: Stalls,
 }
 
 /// Inputs of a run.
@@ -90,6 +93,7 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
         d.timeout,
     )
     .with_context(|| c.name())?;
+    let stalls = Stalls::between(started, Instant::now());
     let peak_rss_mib = watched.peak_rss_mib.first().copied().unwrap_or_default();
     let log = proc.log.clone();
     proc.stop()?;
@@ -127,6 +131,7 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
         changelog_bytes_per_record,
         outputs: watched.outputs,
         expected,
+        stalls,
     })
 }
 

@@ -1,6 +1,80 @@
-//! The whole machine's CPU time while something ran: the share the hypervisor gave to other
-//! guests (steal) explains runs that are slow for no reason of their own, and the busy share
-//! says how much of the machine a run really left free.
+//! The whole machine while something ran: the share of CPU time the hypervisor gave to other
+//! guests (steal) and the moments the whole machine stood still (stalls) explain runs that are
+//! slow for no reason of their own, and the busy share says how much of the machine a run
+//! really left free.
+
+use std::fmt;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How often the stall watcher wakes.
+const STALL_TICK: Duration = Duration::from_millis(10);
+/// A wake-up this much later than asked is a stall: far beyond what the scheduler does to a
+/// sleeping thread on a loaded machine (tens of ms), and the order of the broker pauses that
+/// matter to latency.
+pub const STALL_MIN: Duration = Duration::from_millis(250);
+
+/// Every stall seen since `watch_stalls` started: when it began and how long it lasted.
+static STALLS: OnceLock<Mutex<Vec<(Instant, Duration)>>> = OnceLock::new();
+
+/// Starts a thread that sleeps `STALL_TICK` at a time and records every wake-up that came
+/// `STALL_MIN` or more late: the machine did not run it, because the VM was paused or starved.
+/// Such a stall delays every process at once and is no contender's doing; runs without one had
+/// the machine throughout, so their slow moments were the contender's or the broker's own.
+pub fn watch_stalls() {
+    if STALLS.set(Mutex::new(Vec::new())).is_err() {
+        return;
+    }
+    std::thread::spawn(|| loop {
+        let before = Instant::now();
+        std::thread::sleep(STALL_TICK);
+        let late = before.elapsed().saturating_sub(STALL_TICK);
+        if late >= STALL_MIN {
+            if let Some(stalls) = STALLS.get() {
+                stalls.lock().unwrap_or_else(|e| e.into_inner()).push((before, late));
+            }
+        }
+    });
+}
+
+/// The stalls that began between two instants.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stalls {
+    /// How many.
+    pub count: usize,
+    /// Their total length, seconds.
+    pub total_s: f64,
+    /// The longest, seconds.
+    pub longest_s: f64,
+}
+
+impl Stalls {
+    /// The stalls recorded from `from` to `to` (none when the watcher is not running).
+    pub fn between(from: Instant, to: Instant) -> Self {
+        let Some(stalls) = STALLS.get() else {
+            return Self::default();
+        };
+        let stalls = stalls.lock().unwrap_or_else(|e| e.into_inner());
+        stalls
+            .iter()
+            .filter(|(at, _)| *at >= from && *at <= to)
+            .fold(Self::default(), |acc, (_, d)| Self {
+                count: acc.count + 1,
+                total_s: acc.total_s + d.as_secs_f64(),
+                longest_s: acc.longest_s.max(d.as_secs_f64()),
+            })
+    }
+}
+
+impl fmt::Display for Stalls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.count {
+            0 => f.write_str("none"),
+            1 => write!(f, "1 of {:.1} s", self.longest_s),
+            n => write!(f, "{n}, {:.1} s in all, longest {:.1} s", self.total_s, self.longest_s),
+        }
+    }
+}
 
 /// Cumulative CPU ticks of the whole machine from `/proc/stat`.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,7 @@
 //! LogAppendTime, read_committed) is one sample.
 
 use crate::contender::{self, Contender, Passes, Programs, RunNames};
-use crate::host::{self, CpuTicks};
+use crate::host::{self, CpuTicks, Stalls};
 use crate::kafka;
 use crate::options::Options;
 use crate::probe;
@@ -45,7 +45,7 @@ pub struct Latency {
     /// How loaded the machine was while the input was paced.
     pub load: Load,
     /// The p99 of every run of this contender at this rate; this row is the median one.
-    pub p99_of_runs: Vec<f64>,
+    pub p99_of_runs: Vec<(f64, Stalls)>,
 }
 
 /// What the machine did while the input was paced (`None`: not readable here).
@@ -53,6 +53,8 @@ pub struct Latency {
 pub struct Load {
     /// Share of all the machine's CPU time that was busy, in percent.
     pub machine_busy_pct: Option<f64>,
+    /// Stalls of the whole machine from the paced input's start to the last output.
+    pub stalls: Stalls,
     /// Cores the contender's process used on average.
     pub contender_cores: Option<f64>,
     /// Cores the broker's processes used on average (`TALLY_BENCH_BROKER_PIDS`).
@@ -65,7 +67,7 @@ type Seen = (usize, i64, i64);
 /// The run with the median p99 of `runs`, carrying every run's p99; None if there is none.
 pub fn median_run(mut runs: Vec<Latency>) -> Option<Latency> {
     runs.sort_by(|a, b| a.append[1].total_cmp(&b.append[1]));
-    let p99s = runs.iter().map(|l| l.append[1]).collect();
+    let p99s = runs.iter().map(|l| (l.append[1], l.load.stalls)).collect();
     let mut median = runs.get(runs.len().saturating_sub(1) / 2)?.clone();
     median.p99_of_runs = p99s;
     Some(median)
@@ -193,15 +195,17 @@ fn drive(
     }
     let paced_s = start.elapsed().as_secs_f64();
     let cores = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a) / paced_s);
-    let load = Load {
+    let paced = Load {
         machine_busy_pct: before.0.zip(CpuTicks::now()).and_then(|(a, b)| b.busy_since(&a)),
         contender_cores: cores(before.1, probe::cpu_s(&[proc.pid])),
         broker_cores: cores(before.2, probe::cpu_s(broker)),
+        ..Load::default()
     };
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
     wait_for(count, WARMUP + measured, Duration::from_secs(120), &mut proc)?;
+    let stalls = Stalls::between(start, Instant::now());
     proc.stop()?;
-    Ok(load)
+    Ok(Load { stalls, ..paced })
 }
 
 fn wait_for(count: &AtomicUsize, n: usize, timeout: Duration, proc: &mut contender::Running) -> Result<()> {

@@ -38,6 +38,7 @@ fn main() -> Result<()> {
     let log_dir = std::env::temp_dir().join(format!("tally-bench-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
     eprintln!("bench: contender logs in {}", log_dir.display());
+    host::watch_stalls();
     let started_at = Instant::now();
     let started = utc_now();
     let load_before = loadavg();
@@ -48,6 +49,7 @@ fn main() -> Result<()> {
         minutes: started_at.elapsed().as_secs_f64() / 60.0,
         load: (load_before, loadavg()),
         steal: host::steal_text(ticks_before, host::CpuTicks::now()),
+        stalls: host::Stalls::between(started_at, Instant::now()),
     };
     std::fs::write(&o.out, report::render(&o, &results, &ctx, &repo))
         .with_context(|| format!("writing {}", o.out.display()))?;

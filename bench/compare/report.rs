@@ -19,6 +19,8 @@ pub struct Context {
     pub load: (String, String),
     /// CPU steal over the whole run.
     pub steal: String,
+    /// Moments the whole machine stood still during the run.
+    pub stalls: crate::host::Stalls,
 }
 
 /// Renders the results as Markdown.
@@ -39,6 +41,14 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
         w,
         "- Load average (1/5/15 min) at start: {}; at end: {}; CPU steal (time the hypervisor gave other guests) over the run: {}",
         ctx.load.0, ctx.load.1, ctx.steal
+    );
+    let _ = writeln!(
+        w,
+        "- Machine stalls (a harness thread that sleeps 10 ms at a time woke {} ms or more late: the \
+         machine did not run it, paused or starved) over the run: {}; the runs they fell in are \
+         listed under the throughput table and in the latency tables",
+        crate::host::STALL_MIN.as_millis(),
+        ctx.stalls
     );
     let _ = writeln!(
         w,
@@ -234,6 +244,29 @@ fn throughput(w: &mut String, r: &Results) {
     for wr in &r.workloads {
         let _ = writeln!(w, "- `{}`: {}", wr.workload.name, wr.workload.describe());
     }
+    let stalled: Vec<String> = r
+        .workloads
+        .iter()
+        .flat_map(|wr| wr.samples.iter().map(move |s| (wr, s)))
+        .filter(|(_, s)| s.stalls.count > 0)
+        .map(|(wr, s)| {
+            format!(
+                "{} {} round {}: {}",
+                wr.workload.name,
+                s.contender.name(),
+                s.round + 1,
+                s.stalls
+            )
+        })
+        .collect();
+    let _ = match stalled.is_empty() {
+        true => writeln!(w, "\nNo throughput run saw the machine stall."),
+        false => writeln!(
+            w,
+            "\nThroughput runs (the kept run of a ceiling's repeats) during which the machine stalled: {}.",
+            stalled.join("; ")
+        ),
+    };
 }
 
 fn costs(w: &mut String, r: &Results) {
@@ -308,11 +341,18 @@ fn latency(w: &mut String, o: &Options, r: &Results) {
 fn latency_table(w: &mut String, runs: &[Latency]) {
     let _ = writeln!(
         w,
-        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | p99 of each run |"
+        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | p99 of each run (machine stalls while paced) |"
     );
     let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in runs {
-        let p99s: Vec<String> = l.p99_of_runs.iter().map(|p| format!("{p:.0}")).collect();
+        let p99s: Vec<String> = l
+            .p99_of_runs
+            .iter()
+            .map(|(p, stalls)| match stalls.count {
+                0 => format!("{p:.0}"),
+                _ => format!("{p:.0} (stalls: {stalls})"),
+            })
+            .collect();
         let or_dash = |v: Option<f64>, f: fn(f64) -> String| v.map_or_else(|| "–".to_string(), f);
         let _ = writeln!(
             w,

@@ -191,7 +191,7 @@ fn workload(
                 Ok(mut s) => {
                     s.round = r;
                     eprintln!(
-                        "bench: {} run {} {}: {:.0} records/s, {:.1} CPU-s/1M, peak RSS {:.0} MiB, {}/{} outputs",
+                        "bench: {} run {} {}: {:.0} records/s, {:.1} CPU-s/1M, peak RSS {:.0} MiB, {}/{} outputs, machine stalls: {}",
                         w.name,
                         r + 1,
                         c.name(),
@@ -199,7 +199,8 @@ fn workload(
                         s.cpu_s_per_m,
                         s.peak_rss_mib,
                         s.outputs,
-                        s.expected
+                        s.expected,
+                        s.stalls
                     );
                     samples.push(s);
                 }
