@@ -81,17 +81,27 @@ pub fn delete_prefixed(prefix: &str) -> Result<()> {
 
 /// A producer for preloading and pacing input (not transactional, large batches).
 pub fn producer(linger_ms: u32) -> Result<BaseProducer> {
-    producer_with(linger_ms, "consistent_random")
+    producer_with(linger_ms, "consistent_random", true)
 }
 
-/// [`producer`] with librdkafka's `partitioner`.
-fn producer_with(linger_ms: u32, partitioner: &str) -> Result<BaseProducer> {
+/// A producer for paced input, where order within a partition does not matter (each latency
+/// sample is matched by its sequence number): not idempotent. An idempotent producer keeps at most
+/// 5 requests in flight, and once they are, its broker thread polled without waiting and took a
+/// whole core (`perf record -a` over a latency run at 35,790 records/s: 25% of all samples in the
+/// harness's `rdk:broker1` thread), starving the broker on the same 2 cores until its controller
+/// fenced it (docs/performance.md).
+pub fn paced_producer(linger_ms: u32) -> Result<BaseProducer> {
+    producer_with(linger_ms, "consistent_random", false)
+}
+
+/// [`producer`] with librdkafka's `partitioner`, idempotent or not.
+fn producer_with(linger_ms: u32, partitioner: &str, idempotent: bool) -> Result<BaseProducer> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         // A retried request must not land behind a later one: the expected outputs of the entity
         // workloads count on each partition holding its records in the order generated (a
         // non-idempotent retry moved the first batch of a preload behind the second once).
-        .set("enable.idempotence", "true")
+        .set("enable.idempotence", idempotent.to_string())
         .set("partitioner", partitioner)
         .set("linger.ms", linger_ms.to_string())
         .set("batch.size", "1000000")
@@ -119,7 +129,7 @@ pub fn send(producer: &BaseProducer, topic: &str, key: &[u8], value: &[u8]) -> R
 /// Writes every record to `topic`, partitioned by `partitioner`, and waits until all are
 /// acknowledged.
 pub fn preload(topic: &str, records: &[(Vec<u8>, Vec<u8>)], partitioner: &str) -> Result<()> {
-    let producer = producer_with(20, partitioner)?;
+    let producer = producer_with(20, partitioner, true)?;
     for (k, v) in records {
         send(&producer, topic, k, v)?;
     }

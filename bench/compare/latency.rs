@@ -173,7 +173,7 @@ fn drive(
     broker: &[u32],
 ) -> Result<Load> {
     let mut proc = contender::start(c, Topology::Payments, names, partitions, Passes::ONE, programs, log_dir)?;
-    let producer = kafka::producer(5)?;
+    let producer = kafka::paced_producer(5)?;
     let seed = 7;
     for seq in 0..WARMUP {
         let (k, v) = workload::payment_record(seed, seq, seq, 256);
