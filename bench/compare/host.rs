@@ -1,7 +1,7 @@
 //! The whole machine while something ran: the share of CPU time the hypervisor gave to other
-//! guests (steal) and the moments the whole machine stood still (stalls) explain runs that are
-//! slow for no reason of their own, and the busy share says how much of the machine a run
-//! really left free.
+//! guests (steal) and the moments the machine did not run the harness at all (stalls) explain
+//! runs that are slow for no reason of their own, and the busy share says how much of the
+//! machine a run really left free.
 
 use std::fmt;
 use std::sync::{Mutex, OnceLock};

@@ -86,10 +86,10 @@ pub fn producer(linger_ms: u32) -> Result<BaseProducer> {
 
 /// A producer for paced input, where order within a partition does not matter (each latency
 /// sample is matched by its sequence number): not idempotent. An idempotent producer keeps at most
-/// 5 requests in flight, and once they are, its broker thread polled without waiting and took a
-/// whole core (`perf record -a` over a latency run at 35,790 records/s: 25% of all samples in the
-/// harness's `rdk:broker1` thread), starving the broker on the same 2 cores until its controller
-/// fenced it (docs/performance.md).
+/// 5 requests in flight per partition, and while 5 were, its broker thread polled without
+/// waiting (`perf record -a` over a latency run at 35,790 records/s: 24.7% of all samples, half
+/// a core, in the harness's `rdk:broker1` thread), starving the broker on the same 2 cores until
+/// its controller fenced it (docs/performance.md).
 pub fn paced_producer(linger_ms: u32) -> Result<BaseProducer> {
     producer_with(linger_ms, "consistent_random", false)
 }

@@ -19,7 +19,7 @@ pub struct Context {
     pub load: (String, String),
     /// CPU steal over the whole run.
     pub steal: String,
-    /// Moments the whole machine stood still during the run.
+    /// Moments the machine did not run the harness during the whole run.
     pub stalls: crate::host::Stalls,
 }
 
@@ -259,14 +259,15 @@ fn throughput(w: &mut String, r: &Results) {
             )
         })
         .collect();
-    let _ = match stalled.is_empty() {
-        true => writeln!(w, "\nNo throughput run saw the machine stall."),
-        false => writeln!(
+    if stalled.is_empty() {
+        let _ = writeln!(w, "\nNo throughput run saw the machine stall.");
+    } else {
+        let _ = writeln!(
             w,
             "\nThroughput runs (the kept run of a ceiling's repeats) during which the machine stalled: {}.",
             stalled.join("; ")
-        ),
-    };
+        );
+    }
 }
 
 fn costs(w: &mut String, r: &Results) {
@@ -341,7 +342,7 @@ fn latency(w: &mut String, o: &Options, r: &Results) {
 fn latency_table(w: &mut String, runs: &[Latency]) {
     let _ = writeln!(
         w,
-        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | p99 of each run (machine stalls while paced) |"
+        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | p99 of each run (machine stalls from its paced input's start to its last output, if any) |"
     );
     let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in runs {
