@@ -37,7 +37,8 @@ pub struct Sample {
     pub outputs: usize,
     /// Outputs a correct run makes.
     pub expected: usize,
-    /// Stalls of the whole machine between the contender's start and its last output.
+    /// Moments the machine did not run the harness, between the contender's start and its last
+    /// output.
     pub stalls: Stalls,
 }
 

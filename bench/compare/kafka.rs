@@ -79,7 +79,8 @@ pub fn delete_prefixed(prefix: &str) -> Result<()> {
     Ok(())
 }
 
-/// A producer for preloading and pacing input (not transactional, large batches).
+/// A producer for input whose order within a partition matters (not transactional, large
+/// batches, idempotent: a retried request must not land behind a later one).
 pub fn producer(linger_ms: u32) -> Result<BaseProducer> {
     producer_with(linger_ms, "consistent_random", true)
 }
@@ -98,9 +99,9 @@ pub fn paced_producer(linger_ms: u32) -> Result<BaseProducer> {
 fn producer_with(linger_ms: u32, partitioner: &str, idempotent: bool) -> Result<BaseProducer> {
     ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
-        // A retried request must not land behind a later one: the expected outputs of the entity
-        // workloads count on each partition holding its records in the order generated (a
-        // non-idempotent retry moved the first batch of a preload behind the second once).
+        // Where order matters: the expected outputs of the entity workloads count on each
+        // partition holding its records in the order generated (a non-idempotent retry moved the
+        // first batch of a preload behind the second once).
         .set("enable.idempotence", idempotent.to_string())
         .set("partitioner", partitioner)
         .set("linger.ms", linger_ms.to_string())

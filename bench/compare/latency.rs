@@ -53,7 +53,8 @@ pub struct Latency {
 pub struct Load {
     /// Share of all the machine's CPU time that was busy, in percent.
     pub machine_busy_pct: Option<f64>,
-    /// Stalls of the whole machine from the paced input's start to the last output.
+    /// Moments the machine did not run the harness, from the paced input's start to the last
+    /// output.
     pub stalls: Stalls,
     /// Cores the contender's process used on average.
     pub contender_cores: Option<f64>,
