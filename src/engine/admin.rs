@@ -14,7 +14,9 @@ use tokio::runtime::Handle;
 pub const METADATA_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Checks every source topic exists and creates missing internal topics (compacted changelogs,
-/// repartition topics) with the source's partition count. Returns each source topic's partition count.
+/// repartition topics) with the source's partition count. Returns the partition count of each
+/// topic the stream threads consume: sources, repartition topics, the trace topic the reconciler
+/// reads in this process.
 ///
 /// Blocking: call it from a blocking thread; `rt` drives the admin futures.
 pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>> {
@@ -50,6 +52,7 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
                 n,
                 &[("cleanup.policy", "delete"), ("retention.ms", "-1")],
             )?;
+            partitions.insert(r.topic.clone(), n);
         }
     }
     if let Some(trace_topic) = t.reconciled_topic() {
@@ -59,6 +62,7 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
                 t.kafka.bootstrap_servers
             )
         })?;
+        partitions.insert(trace_topic.to_string(), n);
         for store in t.reconciler_stores() {
             ensure_internal(
                 &admin,

@@ -28,8 +28,18 @@ pub fn base(t: &Topology) -> ClientConfig {
     c
 }
 
-/// The group consumer of a stream thread: read_committed, manual offsets in transactions.
-pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
+/// The smallest per-partition fetch [`fetch_fairly`] goes down to: below it, fetch round trips
+/// rather than the stream thread would bound a catch-up (a fetch returns at least one whole batch
+/// of a partition whatever the limit, so a larger record still comes through).
+const FAIR_FETCH_FLOOR: usize = 64 * 1024;
+
+/// librdkafka's own per-partition fetch, the largest share [`fetch_fairly`] gives a stream
+/// consumer.
+const DEFAULT_PARTITION_FETCH: usize = 1024 * 1024;
+
+/// The group consumer of a stream thread, which may be assigned `partitions` partitions:
+/// read_committed, manual offsets in transactions.
+pub fn stream_consumer(t: &Topology, client_id: &str, partitions: usize) -> ClientConfig {
     let mut c = base(t);
     if t.processing.static_membership {
         c.set("group.instance.id", client_id);
@@ -57,6 +67,7 @@ pub fn stream_consumer(t: &Topology, client_id: &str) -> ClientConfig {
         // queue: look again after 10 ms. User settings win.
         .set_if_absent("queued.max.messages.kbytes", "2048")
         .set_if_absent("fetch.queue.backoff.ms", "10");
+    fetch_fairly(&mut c, t, partitions, DEFAULT_PARTITION_FETCH);
     match t.processing.group_protocol {
         GroupProtocol::Classic => c.set("partition.assignment.strategy", "cooperative-sticky"),
         // The coordinator assigns (incrementally, like cooperative-sticky); librdkafka refuses
@@ -109,8 +120,19 @@ pub fn restore_consumer(t: &Topology) -> ClientConfig {
         // A restore reads one partition, and fetch round trips bound it: 16 MiB per fetch
         // instead of librdkafka's 1 MiB restored 300-320k records/s instead of 180-225k
         // (scripts/bench's restore runs). Two fetches' worth of queue, not the default 64 MiB.
-        .set_if_absent("max.partition.fetch.bytes", "16777216")
+        .set_if_absent("max.partition.fetch.bytes", &RESTORE_PARTITION_FETCH.to_string())
         .set_if_absent("queued.max.messages.kbytes", "32768");
+    c
+}
+
+/// A restore's fetch of its one partition.
+const RESTORE_PARTITION_FETCH: usize = 16 * 1024 * 1024;
+
+/// The standby consumer, which may follow `partitions` changelog partitions at once: a restore
+/// consumer whose fetches serve every partition it follows.
+pub fn standby_consumer(t: &Topology, partitions: usize) -> ClientConfig {
+    let mut c = restore_consumer(t);
+    fetch_fairly(&mut c, t, partitions, RESTORE_PARTITION_FETCH);
     c
 }
 
@@ -130,6 +152,8 @@ pub fn global_reader(t: &Topology) -> ClientConfig {
             c.set(key, value);
         }
     }
+    let partitions = t.id_mapping.as_ref().map_or(1, |m| m.partitions.max(1) as usize);
+    fetch_fairly(&mut c, t, partitions, DEFAULT_PARTITION_FETCH);
     c
 }
 
@@ -147,6 +171,41 @@ pub fn watch_reader(t: &Topology, group: &str) -> ClientConfig {
         .set_if_absent("max.partition.fetch.bytes", "1048576")
         .set_if_absent("queued.max.messages.kbytes", "4096");
     c
+}
+
+/// Sizes the per-partition fetch of a consumer that follows up to `partitions` partitions so
+/// that one fetch serves every one of them, unless the user set `max.partition.fetch.bytes`.
+///
+/// The partitions of a librdkafka consumer share one queue. When a fetch fills it, every
+/// partition stops fetching, and they start again in the same order; the broker fills a fetch
+/// response in request order. With 1 MiB per partition, a 2 MiB queue was fed by two partitions
+/// with a backlog while the others waited until those two caught up (librdkafka issue #1854): a
+/// repartition partition of the latency benchmark read nothing for 10 s. A share of the queue
+/// per partition, never under [`FAIR_FETCH_FLOOR`] (the queue grows to hold that much per
+/// partition unless the user sized it), lets each fetch bring some of every backlog.
+fn fetch_fairly(c: &mut ClientConfig, t: &Topology, partitions: usize, largest: usize) {
+    const FETCH: &str = "max.partition.fetch.bytes";
+    const QUEUE: &str = "queued.max.messages.kbytes";
+    const FETCH_MAX: &str = "fetch.max.bytes";
+    if t.kafka.properties.contains_key(FETCH) {
+        return;
+    }
+    let partitions = partitions.max(1);
+    let queue = c
+        .get(QUEUE)
+        .and_then(|k| k.parse::<usize>().ok())
+        .map_or(largest, |k| k.saturating_mul(1024));
+    let share = (queue / partitions).min(largest).max(FAIR_FETCH_FLOOR);
+    c.set(FETCH, share.to_string());
+    let needed = share.saturating_mul(partitions);
+    if needed > queue && !t.kafka.properties.contains_key(QUEUE) {
+        c.set(QUEUE, needed.div_ceil(1024).to_string());
+    }
+    // A response limit tally set below what one fair fetch brings would cut it short again.
+    let limit = c.get(FETCH_MAX).and_then(|b| b.parse::<usize>().ok());
+    if limit.is_some_and(|b| b < needed) && !t.kafka.properties.contains_key(FETCH_MAX) {
+        c.set(FETCH_MAX, needed.to_string());
+    }
 }
 
 trait SetIfAbsent {
@@ -183,7 +242,7 @@ dead_letter: {{ topic: dlq }}
     #[test]
     fn only_the_stream_consumers_emit_statistics_at_the_interval_the_user_sets() {
         let t = topology(r#"{ statistics.interval.ms: "200", linger.ms: "7" }"#);
-        assert_eq!(stream_consumer(&t, "c").get(STATISTICS_INTERVAL), Some("200"));
+        assert_eq!(stream_consumer(&t, "c", 1).get(STATISTICS_INTERVAL), Some("200"));
         for (client, config) in [
             ("producer", transactional_producer(&t, "p")),
             ("restore consumer", restore_consumer(&t)),
@@ -203,7 +262,62 @@ dead_letter: {{ topic: dlq }}
     #[test]
     fn the_stream_consumers_emit_statistics_every_five_seconds_by_default() {
         let t = topology("{}");
-        assert_eq!(stream_consumer(&t, "c").get(STATISTICS_INTERVAL), Some("5000"));
+        assert_eq!(stream_consumer(&t, "c", 1).get(STATISTICS_INTERVAL), Some("5000"));
         assert_eq!(transactional_producer(&t, "p").get(STATISTICS_INTERVAL), None);
+    }
+
+    fn fetch_and_queue(c: &ClientConfig) -> (usize, usize) {
+        let number = |key: &str| c.get(key).and_then(|v| v.parse().ok()).expect(key);
+        (
+            number("max.partition.fetch.bytes"),
+            number("queued.max.messages.kbytes"),
+        )
+    }
+
+    #[test]
+    fn one_stream_fetch_serves_every_partition_the_thread_may_hold() {
+        let t = topology("{}");
+        // 2 MiB shared by six partitions (three sources, three repartition partitions).
+        let (fetch, queue_kb) = fetch_and_queue(&stream_consumer(&t, "c", 6));
+        assert_eq!((fetch, queue_kb), (349_525, 2048));
+        assert!(fetch * 6 <= queue_kb * 1024);
+        // One partition keeps librdkafka's own 1 MiB.
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 1)), (1_048_576, 2048));
+        // Many partitions: each keeps the floor and the queue grows to hold one fetch of all.
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 100)), (65_536, 6400));
+    }
+
+    #[test]
+    fn the_users_fetch_and_queue_sizes_win() {
+        let t = topology(r#"{ max.partition.fetch.bytes: "1000000" }"#);
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 6)), (1_000_000, 2048));
+        let t = topology(r#"{ queued.max.messages.kbytes: "1024" }"#);
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 100)), (65_536, 1024));
+    }
+
+    #[test]
+    fn the_standby_and_mapping_readers_share_their_fetches_too() {
+        let t = topology("{}");
+        assert_eq!(fetch_and_queue(&standby_consumer(&t, 1)), (16_777_216, 32_768));
+        assert_eq!(fetch_and_queue(&standby_consumer(&t, 8)), (4_194_304, 32_768));
+        let mapped = format!(
+            "{}id_mapping: {{ topic: ids, partitions: 200 }}\n",
+            r#"
+application_id: app
+kafka: { bootstrap_servers: "k:9092" }
+sources: { payments: { topic: pay } }
+pipelines:
+  - { name: payments, from: payments, key: "{id}", to: { topic: out } }
+dead_letter: { topic: dlq }
+"#
+        );
+        let t = crate::config::load_str("t.yaml", &mapped, |_| None).expect("valid topology");
+        let reader = global_reader(&t);
+        assert_eq!(fetch_and_queue(&reader), (65_536, 12_800));
+        assert_eq!(
+            reader.get("fetch.max.bytes"),
+            Some("13107200"),
+            "one response holds a fetch of all"
+        );
     }
 }

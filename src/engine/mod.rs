@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::store::{GlobalMappings, StoreEnv};
 use crate::topology::{GroupProtocol, Topology};
 use anyhow::{anyhow, Context, Result};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,7 +88,7 @@ pub async fn run(
     // A cluster that is down or still starting is waited for (readiness stays 503), as Kafka
     // Streams does, instead of exiting into a restart loop; a refusal stops tally at once.
     let mut wait = Duration::from_secs(1);
-    let (write_limit, limited_by, source_partitions) = loop {
+    let (write_limit, limited_by, partitions) = loop {
         let t = topology.clone();
         let rt = tokio::runtime::Handle::current();
         let prepared = tokio::task::spawn_blocking(move || {
@@ -124,7 +125,7 @@ pub async fn run(
             Err(e) => return Err(e),
         }
     };
-    let source_partitions = Arc::new(source_partitions);
+    let partitions = Arc::new(partitions);
     let max_in = topology.processing.max_record_bytes;
     if max_in > write_limit {
         tracing::warn!(
@@ -183,6 +184,7 @@ pub async fn run(
         store_env: store_env.clone(),
         standbys: standbys.clone(),
         shutdown: shutdown.clone(),
+        changelog_partitions: changelog_partitions(&topology, &partitions),
     };
     let supervisor = Supervisor {
         health: health.clone(),
@@ -224,7 +226,7 @@ pub async fn run(
             standbys: standbys.clone(),
             rejoin: rejoin.clone(),
             write_limit,
-            source_partitions: source_partitions.clone(),
+            partitions: partitions.clone(),
         };
         // librdkafka's transaction calls block: they get OS threads, not tokio workers.
         handles.push(supervisor.spawn(format!("tally-stream-{index}"), move || stream_thread::run(cfg))?);
@@ -247,6 +249,21 @@ pub async fn run(
             "{why}; the instance stopped, and restarting it changes nothing until that is done"
         )),
     }
+}
+
+/// How many changelog partitions `t` has, from `partitions`, the partition count of each topic
+/// the stream threads consume: a store's changelog has its task's source partition count.
+fn changelog_partitions(t: &Topology, partitions: &BTreeMap<String, i32>) -> usize {
+    let count = |topic: &str| partitions.get(topic).map_or(1, |&n| n.max(1) as usize);
+    let of_pipelines: usize = t
+        .pipelines
+        .iter()
+        .map(|p| count(&p.input_topic) * p.store_names().len())
+        .sum();
+    let of_reconciler = t
+        .reconciled_topic()
+        .map_or(0, |trace| count(trace) * t.reconciler_stores().len());
+    of_pipelines + of_reconciler
 }
 
 /// Starts the engine's threads so that one ending on its own, by a panic or an early return,

@@ -69,6 +69,8 @@ pub struct StandbyConfig {
     pub standbys: Arc<Standbys>,
     /// Set when the instance should stop.
     pub shutdown: Shutdown,
+    /// How many changelog partitions the topology has: the most a standby consumer may follow.
+    pub changelog_partitions: usize,
 }
 
 /// Keeps standbys and cleans stale directories until shutdown; errors restart the loop after a
@@ -94,7 +96,7 @@ pub fn run(cfg: StandbyConfig) {
 
 fn keep(cfg: &StandbyConfig) -> Result<()> {
     let t = &cfg.topology;
-    let consumer: BaseConsumer = clients::restore_consumer(t)
+    let consumer: BaseConsumer = clients::standby_consumer(t, cfg.changelog_partitions)
         .create()
         .context("creating the standby consumer")?;
     let mut routes = Routes::new();

@@ -92,9 +92,9 @@ pub struct ThreadConfig {
     pub rejoin: Arc<RejoinRequests>,
     /// The largest record this thread may produce (see `admin::write_limit`).
     pub write_limit: usize,
-    /// Each source topic's partition count at start (co-partitioned sources are checked
-    /// against it).
-    pub source_partitions: Arc<BTreeMap<String, i32>>,
+    /// The partition count at start of each topic the thread consumes (co-partitioned sources
+    /// are checked against it; the consumer's fetches are sized by the sum).
+    pub partitions: Arc<BTreeMap<String, i32>>,
     /// Opens the tasks of other modules the thread runs (the live reconciler's).
     pub hosted: Arc<dyn super::hosted::HostedTasks>,
 }
@@ -189,7 +189,8 @@ fn generation(cfg: &ThreadConfig, rebuilt: &HashSet<PathBuf>) -> Result<(), Engi
         lookup: (String::new(), 0),
         rebuilt: rebuilt.clone(),
     };
-    let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id)
+    let assignable = cfg.partitions.values().map(|&n| n.max(1) as usize).sum();
+    let consumer: BaseConsumer<StreamContext> = clients::stream_consumer(t, &txn_id, assignable)
         .create_with_context(StreamContext {
             state: Mutex::new(state),
             lag: ConsumerLag::new(&cfg.metrics, t.clone()),

@@ -173,7 +173,7 @@ impl Opening {
             cfg.global.clone(),
         );
         if pipeline.co_partitioned.is_some() {
-            if let Some(&count) = cfg.source_partitions.get(&topic) {
+            if let Some(&count) = cfg.partitions.get(&topic) {
                 processor = processor.with_source_partitions(count);
             }
         }
