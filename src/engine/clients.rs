@@ -28,14 +28,16 @@ pub fn base(t: &Topology) -> ClientConfig {
     c
 }
 
-/// The smallest per-partition fetch [`fetch_fairly`] goes down to: below it, fetch round trips
-/// rather than the stream thread would bound a catch-up (a fetch returns at least one whole batch
-/// of a partition whatever the limit, so a larger record still comes through).
-const FAIR_FETCH_FLOOR: usize = 64 * 1024;
+/// The smallest per-partition fetch [`fetch_fairly`] gives: the batches librdkafka and the Java
+/// producer write by default (`batch.size` 1,000,000 bytes) fit in it. A broker returns a batch
+/// larger than a partition's limit only to the first partition of a response (KIP-74), so a
+/// smaller limit stalls partitions instead of sharing among them: the repartition partitions of
+/// the latency benchmark, written in batches near 1 MB, were read one at a time with 341 KiB.
+const BATCH_FETCH: usize = 1024 * 1024;
 
-/// librdkafka's own per-partition fetch, the largest share [`fetch_fairly`] gives a stream
-/// consumer.
-const DEFAULT_PARTITION_FETCH: usize = 1024 * 1024;
+/// The largest queue [`fetch_fairly`] grows to, librdkafka's own default: past it, a member
+/// that holds more partitions than that many batches is fair only between fetches.
+const FAIR_QUEUE_CEILING: usize = 64 * 1024 * 1024;
 
 /// The group consumer of a stream thread, which may be assigned `partitions` partitions:
 /// read_committed, manual offsets in transactions.
@@ -64,10 +66,11 @@ pub fn stream_consumer(t: &Topology, client_id: &str, partitions: usize) -> Clie
         // partition); scripts/bench drained as fast with it as with 16 MiB, at 65-73 MiB peak
         // RSS instead of 107-121. A full queue pauses a partition's fetching for
         // fetch.queue.backoff.ms (1 s by default), which starves the thread behind a small
-        // queue: look again after 10 ms. User settings win.
+        // queue: look again after 10 ms. User settings win. `fetch_fairly` grows the queue
+        // to a batch per partition the thread may hold.
         .set_if_absent("queued.max.messages.kbytes", "2048")
         .set_if_absent("fetch.queue.backoff.ms", "10");
-    fetch_fairly(&mut c, t, partitions, DEFAULT_PARTITION_FETCH);
+    fetch_fairly(&mut c, t, partitions, BATCH_FETCH);
     match t.processing.group_protocol {
         GroupProtocol::Classic => c.set("partition.assignment.strategy", "cooperative-sticky"),
         // The coordinator assigns (incrementally, like cooperative-sticky); librdkafka refuses
@@ -152,8 +155,6 @@ pub fn global_reader(t: &Topology) -> ClientConfig {
             c.set(key, value);
         }
     }
-    let partitions = t.id_mapping.as_ref().map_or(1, |m| m.partitions.max(1) as usize);
-    fetch_fairly(&mut c, t, partitions, DEFAULT_PARTITION_FETCH);
     c
 }
 
@@ -173,37 +174,38 @@ pub fn watch_reader(t: &Topology, group: &str) -> ClientConfig {
     c
 }
 
-/// Sizes the per-partition fetch of a consumer that follows up to `partitions` partitions so
-/// that one fetch serves every one of them, unless the user set `max.partition.fetch.bytes`.
+/// Sizes a consumer that follows up to `partitions` partitions so that one fetch brings some of
+/// every backlog: a share of the queue per partition between [`BATCH_FETCH`] and `largest`, the
+/// queue grown (up to [`FAIR_QUEUE_CEILING`]) to hold one share of each. Settings the user made
+/// win.
 ///
 /// The partitions of a librdkafka consumer share one queue. When a fetch fills it, every
-/// partition stops fetching, and they start again in the same order; the broker fills a fetch
-/// response in request order. With 1 MiB per partition, a 2 MiB queue was fed by two partitions
-/// with a backlog while the others waited until those two caught up (librdkafka issue #1854): a
-/// repartition partition of the latency benchmark read nothing for 10 s. A share of the queue
-/// per partition, never under [`FAIR_FETCH_FLOOR`] (the queue grows to hold that much per
-/// partition unless the user sized it), lets each fetch bring some of every backlog.
+/// partition stops fetching, and they start again in the same order; the broker fills a
+/// response in request order. With 1 MiB per partition, tally's 2 MiB queue was fed by the first
+/// two partitions with a backlog while the others waited until those caught up (librdkafka
+/// issue #1854): a repartition partition of the latency benchmark read nothing for 10 s.
 fn fetch_fairly(c: &mut ClientConfig, t: &Topology, partitions: usize, largest: usize) {
     const FETCH: &str = "max.partition.fetch.bytes";
     const QUEUE: &str = "queued.max.messages.kbytes";
     const FETCH_MAX: &str = "fetch.max.bytes";
-    if t.kafka.properties.contains_key(FETCH) {
-        return;
-    }
+    let user = |key: &str| t.kafka.properties.contains_key(key);
     let partitions = partitions.max(1);
     let queue = c
         .get(QUEUE)
         .and_then(|k| k.parse::<usize>().ok())
-        .map_or(largest, |k| k.saturating_mul(1024));
-    let share = (queue / partitions).min(largest).max(FAIR_FETCH_FLOOR);
-    c.set(FETCH, share.to_string());
-    let needed = share.saturating_mul(partitions);
-    if needed > queue && !t.kafka.properties.contains_key(QUEUE) {
+        .map_or(BATCH_FETCH, |k| k.saturating_mul(1024));
+    let share = (queue / partitions).clamp(BATCH_FETCH, largest.max(BATCH_FETCH));
+    if !user(FETCH) {
+        c.set(FETCH, share.to_string());
+    }
+    let needed = share.saturating_mul(partitions).min(FAIR_QUEUE_CEILING);
+    if needed > queue && !user(QUEUE) {
         c.set(QUEUE, needed.div_ceil(1024).to_string());
     }
-    // A response limit tally set below what one fair fetch brings would cut it short again.
+    // A response limit tally set below one fair fetch would cut it short again; unset, librdkafka
+    // takes the queue's size.
     let limit = c.get(FETCH_MAX).and_then(|b| b.parse::<usize>().ok());
-    if limit.is_some_and(|b| b < needed) && !t.kafka.properties.contains_key(FETCH_MAX) {
+    if limit.is_some_and(|b| b < needed) && !user(FETCH_MAX) {
         c.set(FETCH_MAX, needed.to_string());
     }
 }
@@ -277,47 +279,32 @@ dead_letter: {{ topic: dlq }}
     #[test]
     fn one_stream_fetch_serves_every_partition_the_thread_may_hold() {
         let t = topology("{}");
-        // 2 MiB shared by six partitions (three sources, three repartition partitions).
-        let (fetch, queue_kb) = fetch_and_queue(&stream_consumer(&t, "c", 6));
-        assert_eq!((fetch, queue_kb), (349_525, 2048));
-        assert!(fetch * 6 <= queue_kb * 1024);
-        // One partition keeps librdkafka's own 1 MiB.
+        // One batch-sized fetch for each of six partitions (three sources, three repartition
+        // partitions): the 2 MiB queue grows to 6 MiB.
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 6)), (1_048_576, 6144));
         assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 1)), (1_048_576, 2048));
-        // Many partitions: each keeps the floor and the queue grows to hold one fetch of all.
-        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 100)), (65_536, 6400));
+        // Past 64 partitions the queue stops growing.
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 500)), (1_048_576, 65_536));
     }
 
     #[test]
     fn the_users_fetch_and_queue_sizes_win() {
-        let t = topology(r#"{ max.partition.fetch.bytes: "1000000" }"#);
-        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 6)), (1_000_000, 2048));
+        let t = topology(r#"{ max.partition.fetch.bytes: "100000" }"#);
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 6)), (100_000, 6144));
         let t = topology(r#"{ queued.max.messages.kbytes: "1024" }"#);
-        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 100)), (65_536, 1024));
+        assert_eq!(fetch_and_queue(&stream_consumer(&t, "c", 6)), (1_048_576, 1024));
     }
 
     #[test]
-    fn the_standby_and_mapping_readers_share_their_fetches_too() {
+    fn the_standby_consumer_shares_its_queue_and_grows_it_for_many_changelogs() {
         let t = topology("{}");
+        // One changelog keeps a restore's 16 MiB fetch; eight share the 32 MiB queue.
         assert_eq!(fetch_and_queue(&standby_consumer(&t, 1)), (16_777_216, 32_768));
         assert_eq!(fetch_and_queue(&standby_consumer(&t, 8)), (4_194_304, 32_768));
-        let mapped = format!(
-            "{}id_mapping: {{ topic: ids, partitions: 200 }}\n",
-            r#"
-application_id: app
-kafka: { bootstrap_servers: "k:9092" }
-sources: { payments: { topic: pay } }
-pipelines:
-  - { name: payments, from: payments, key: "{id}", to: { topic: out } }
-dead_letter: { topic: dlq }
-"#
-        );
-        let t = crate::config::load_str("t.yaml", &mapped, |_| None).expect("valid topology");
-        let reader = global_reader(&t);
-        assert_eq!(fetch_and_queue(&reader), (65_536, 12_800));
-        assert_eq!(
-            reader.get("fetch.max.bytes"),
-            Some("13107200"),
-            "one response holds a fetch of all"
-        );
+        // Fifty: a batch each, and the queue (with the response limit tally set) grows to
+        // hold them.
+        let many = standby_consumer(&t, 50);
+        assert_eq!(fetch_and_queue(&many), (1_048_576, 51_200));
+        assert_eq!(many.get("fetch.max.bytes"), Some("52428800"));
     }
 }
