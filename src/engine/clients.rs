@@ -31,8 +31,8 @@ pub fn base(t: &Topology) -> ClientConfig {
 /// The smallest per-partition fetch [`fetch_fairly`] gives: the batches librdkafka and the Java
 /// producer write by default (`batch.size` 1,000,000 bytes) fit in it. A broker returns a batch
 /// larger than a partition's limit only to the first partition of a response (KIP-74), so a
-/// smaller limit stalls partitions instead of sharing among them: the repartition partitions of
-/// the latency benchmark, written in batches near 1 MB, were read one at a time with 341 KiB.
+/// smaller limit can stall partitions instead of sharing among them: with 341 KiB each, the
+/// latency benchmark's repartition partitions were again read largely one at a time.
 const BATCH_FETCH: usize = 1024 * 1024;
 
 /// The largest queue [`fetch_fairly`] grows to, librdkafka's own default: past it, a member
