@@ -51,6 +51,11 @@ fn source_partitions_with_a_backlog_are_processed_side_by_side() {
             worst = (ahead, position);
         }
     }
+    assert_eq!(
+        position,
+        [PER_PARTITION as i64; 3],
+        "the commits logged cover the whole input"
+    );
     // Read side by side, the partitions stay within a fetch or two of each other (about 1,000
     // records each); read one or two at a time, the last waits for thousands.
     assert!(
