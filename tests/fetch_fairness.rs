@@ -52,8 +52,7 @@ fn source_partitions_with_a_backlog_are_processed_side_by_side() {
         }
     }
     assert_eq!(
-        position,
-        [PER_PARTITION as i64; 3],
+        position, [PER_PARTITION as i64; 3],
         "the commits logged cover the whole input"
     );
     // Read side by side, the partitions stay within a fetch or two of each other (about 1,000
