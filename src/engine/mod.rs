@@ -251,19 +251,16 @@ pub async fn run(
     }
 }
 
-/// How many changelog partitions `t` has, from `partitions`, the partition count of each topic
-/// the stream threads consume: a store's changelog has its task's source partition count.
+/// How many changelog partitions `t` has: one per store of each stateful task, and a task per
+/// partition of each topic the stream threads consume (`partitions`, with their counts).
 fn changelog_partitions(t: &Topology, partitions: &BTreeMap<String, i32>) -> usize {
-    let count = |topic: &str| partitions.get(topic).map_or(1, |&n| n.max(1) as usize);
-    let of_pipelines: usize = t
-        .pipelines
+    partitions
         .iter()
-        .map(|p| count(&p.input_topic) * p.store_names().len())
-        .sum();
-    let of_reconciler = t
-        .reconciled_topic()
-        .map_or(0, |trace| count(trace) * t.reconciler_stores().len());
-    of_pipelines + of_reconciler
+        .map(|(topic, &n)| {
+            let stores = layout::TaskLayout::of(t, topic, 0).map_or(0, |l| l.stores.len());
+            stores * n.max(1) as usize
+        })
+        .sum()
 }
 
 /// Starts the engine's threads so that one ending on its own, by a panic or an early return,
