@@ -174,7 +174,7 @@ proptest! {
     #[test]
     fn store_follows_the_overlay_commit_abort_protocol(ops in prop::collection::vec(store_op(), 1..40)) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let env = StoreEnv::new(1 << 20, 1 << 20);
+        let env = StoreEnv::new(1 << 20, 1 << 20, 1 << 20);
         let mut s = Some(open_store(dir.path(), &env));
         let mut m = StoreModel::default();
         for op in ops {
@@ -319,7 +319,7 @@ proptest! {
         let (processor, names, index) = entity_sync();
         let entity_template: KeyTemplate = "{entity_type}:{entity_id}".parse().expect("the example's entity template");
         let dir = tempfile::tempdir().expect("tempdir");
-        let env = StoreEnv::new(1 << 20, 1 << 20);
+        let env = StoreEnv::new(1 << 20, 1 << 20, 1 << 20);
         let mut s = Some(TaskStore::open(dir.path(), &names, &env).expect("opens"));
         // The model: highest version per entity, committed and in the open transaction.
         let mut model_committed: BTreeMap<String, i64> = BTreeMap::new();
@@ -461,7 +461,7 @@ proptest! {
     #[test]
     fn dedup_admits_a_key_once_per_retention(ops in prop::collection::vec(dedup_op(), 1..60)) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut s = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::new(1 << 20, 1 << 20)).expect("opens");
+        let mut s = TaskStore::open(dir.path(), &["dedup".to_string()], &StoreEnv::new(1 << 20, 1 << 20, 1 << 20)).expect("opens");
         let mut now = 1_000i64;
         // The model: first-seen time per key, committed and in the open transaction.
         let mut committed: BTreeMap<Vec<u8>, i64> = BTreeMap::new();

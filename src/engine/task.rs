@@ -70,8 +70,8 @@ pub enum Work {
     },
     /// Run the strategies against the task's stores.
     Process {
-        /// The task's stores.
-        store: TaskStore,
+        /// The task's stores (boxed: far larger than the other variant).
+        store: Box<TaskStore>,
         /// `changelogs[i]` is the changelog topic of store `i`.
         changelogs: Vec<String>,
         /// True when the records come from a repartition topic (already counted as input).

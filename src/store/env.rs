@@ -2,27 +2,34 @@
 //! configuration, not partitions; and the registry of databases open to queries.
 
 use super::published::Published;
+use super::recent::RecentBudget;
 use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager};
 use std::sync::Arc;
+
+/// Recently committed values an instance keeps in memory (see `recent`): a few transactions
+/// of a busy task, like Kafka Streams' 10 MiB record cache.
+const RECENT_BYTES: usize = 8 << 20;
 
 /// Block cache and write-buffer budget shared by all stores of an instance, and where their
 /// tasks publish their databases for queries.
 pub struct StoreEnv {
     cache: Cache,
     write_buffers: WriteBufferManager,
+    recent: Arc<RecentBudget>,
     published: Arc<Published>,
 }
 
 impl StoreEnv {
     /// A shared budget: `cache_bytes` of block cache, `write_buffer_bytes` of memtables
-    /// (charged to the same cache).
-    pub fn new(cache_bytes: usize, write_buffer_bytes: usize) -> Self {
+    /// (charged to the same cache) and `recent_bytes` of recently committed values.
+    pub fn new(cache_bytes: usize, write_buffer_bytes: usize, recent_bytes: usize) -> Self {
         let cache = Cache::new_lru_cache(cache_bytes);
         let write_buffers =
             WriteBufferManager::new_write_buffer_manager_with_cache(write_buffer_bytes, false, cache.clone());
         Self {
             cache,
             write_buffers,
+            recent: RecentBudget::new(recent_bytes),
             published: Arc::default(),
         }
     }
@@ -30,6 +37,11 @@ impl StoreEnv {
     /// The same budget, publishing task databases to `published` (read by the query API).
     pub fn publishing_to(self, published: Arc<Published>) -> Self {
         Self { published, ..self }
+    }
+
+    /// What every task store's recently committed values are charged to.
+    pub fn recent_budget(&self) -> &Arc<RecentBudget> {
+        &self.recent
     }
 
     /// Where tasks publish their databases for queries.
@@ -72,6 +84,6 @@ impl StoreEnv {
 
 impl Default for StoreEnv {
     fn default() -> Self {
-        Self::new(64 << 20, 32 << 20)
+        Self::new(64 << 20, 32 << 20, RECENT_BYTES)
     }
 }

@@ -1,4 +1,5 @@
-//! Local state: one RocksDB per task, transactional overlay, changelog offsets, shared memory.
+//! Local state: one RocksDB per task, transactional overlay, recently committed values,
+//! changelog offsets, shared memory.
 
 pub mod cleaner;
 pub mod codec;
@@ -6,6 +7,7 @@ pub mod env;
 pub mod global;
 pub mod lock;
 pub mod published;
+pub mod recent;
 pub mod task_store;
 
 pub use env::StoreEnv;

@@ -4,6 +4,7 @@
 use super::env::StoreEnv;
 use super::lock::{LockError, TaskLock};
 use super::published::Published;
+use super::recent::{Recent, Writes, ENTRY_OVERHEAD};
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -125,7 +126,11 @@ pub struct TaskStore {
     db: Arc<DB>,
     dir: PathBuf,
     names: Vec<String>,
-    overlays: Vec<HashMap<Vec<u8>, Option<Vec<u8>>>>,
+    overlays: Vec<Writes>,
+    /// What the overlays are charged against the recent-values budget once committed.
+    overlay_bytes: usize,
+    /// The last commits' writes, read before the database.
+    recent: Recent,
     changes: Vec<Change>,
     published: Arc<Published>,
     /// The (pipeline, partition) this store is published as, while it is.
@@ -158,6 +163,8 @@ impl TaskStore {
             dir: dir.to_path_buf(),
             names: names.to_vec(),
             overlays: vec![HashMap::new(); names.len()],
+            overlay_bytes: 0,
+            recent: Recent::new(env.recent_budget().clone()),
             changes: Vec::new(),
             published: env.published().clone(),
             serving: None,
@@ -212,10 +219,13 @@ impl TaskStore {
         }
     }
 
-    /// Reads a key, seeing this transaction's writes first.
+    /// Reads a key, seeing this transaction's writes first, then the last commits'.
     pub fn get(&self, store: usize, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         if let Some(pending) = self.overlays[store].get(key) {
             return Ok(pending.clone());
+        }
+        if let Some(committed) = self.recent.get(store, key) {
+            return Ok(committed.map(<[u8]>::to_vec));
         }
         let cf = self.cf(&self.names[store])?;
         self.db.get_cf(cf, key).map_err(|e| self.rocks(e))
@@ -228,6 +238,7 @@ impl TaskStore {
 
     /// Writes a key in the open transaction and queues it for the changelog.
     pub fn put(&mut self, store: usize, key: &[u8], value: Vec<u8>) {
+        self.overlay_bytes += key.len() + value.len() + ENTRY_OVERHEAD;
         self.overlays[store].insert(key.to_vec(), Some(value.clone()));
         self.changes.push(Change {
             store,
@@ -238,6 +249,7 @@ impl TaskStore {
 
     /// Deletes a key in the open transaction and queues a tombstone for the changelog.
     pub fn delete(&mut self, store: usize, key: &[u8]) {
+        self.overlay_bytes += key.len() + ENTRY_OVERHEAD;
         self.overlays[store].insert(key.to_vec(), None);
         self.changes.push(Change {
             store,
@@ -272,13 +284,17 @@ impl TaskStore {
             batch.put_cf(meta, offset_key(&self.names[store]), offset.to_be_bytes());
         }
         self.db.write(batch).map_err(|e| self.rocks(e))?;
-        self.overlays.iter_mut().for_each(HashMap::clear);
+        // The next transaction likely writes as many keys: its maps start at that size.
+        let next = self.overlays.iter().map(|o| HashMap::with_capacity(o.len())).collect();
+        let committed = std::mem::replace(&mut self.overlays, next);
+        self.recent.push(committed, std::mem::take(&mut self.overlay_bytes));
         Ok(())
     }
 
     /// Drops every uncommitted write (the transaction was aborted).
     pub fn abort(&mut self) {
         self.overlays.iter_mut().for_each(HashMap::clear);
+        self.overlay_bytes = 0;
         self.changes.clear();
     }
 
@@ -322,6 +338,7 @@ impl TaskStore {
         batch.delete_cf(self.cf(META_CF)?, offset_key(&self.names[store]));
         self.db.write(batch).map_err(|e| self.rocks(e))?;
         self.overlays[store].clear();
+        self.recent.forget(store);
         Ok(())
     }
 
@@ -345,7 +362,9 @@ impl TaskStore {
             offset_key(&self.names[store]),
             last_offset.to_be_bytes(),
         );
-        self.db.write(batch).map_err(|e| self.rocks(e))
+        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        self.recent.forget(store);
+        Ok(())
     }
 
     /// The estimated size of every store (committed data only; the overlay is not included).

@@ -158,7 +158,7 @@ impl Opening {
                 });
             }
             Kind::Process { layout, repartitioned } => Work::Process {
-                store: self.store.ok_or_else(not_ready)?,
+                store: Box::new(self.store.ok_or_else(not_ready)?),
                 changelogs: layout.changelogs,
                 repartitioned,
             },

@@ -150,3 +150,55 @@ fn a_store_ahead_of_its_changelog_is_rebuilt_from_it() {
     );
     assert!(!s.has_data(0).expect("reads"));
 }
+
+#[test]
+fn recently_committed_values_give_way_to_a_restore_or_a_wipe() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut s = open(tmp.path());
+    s.put(0, b"k", vec![1]);
+    s.delete(0, b"gone");
+    s.take_changes();
+    s.commit(&[(0, 1)]).expect("commits");
+    assert!(
+        s.recent.get(0, b"k").is_some(),
+        "the commit's writes are kept in memory"
+    );
+    assert_eq!(s.get(0, b"k").expect("reads"), Some(vec![1]));
+    assert_eq!(s.get(0, b"gone").expect("reads"), None);
+    s.put(0, b"k", vec![2]);
+    s.abort();
+    assert_eq!(
+        s.get(0, b"k").expect("reads"),
+        Some(vec![1]),
+        "an abort keeps what committed"
+    );
+    s.apply_restored(0, &[(b"k".to_vec(), Some(vec![3]))], 5)
+        .expect("applies");
+    assert_eq!(s.get(0, b"k").expect("reads"), Some(vec![3]), "a restore replaces it");
+    s.put(0, b"k", vec![4]);
+    s.take_changes();
+    s.commit(&[(0, 6)]).expect("commits");
+    s.wipe(0).expect("wipes");
+    assert_eq!(s.get(0, b"k").expect("reads"), None, "a wipe leaves nothing to read");
+}
+
+#[test]
+fn many_commits_read_the_same_as_a_reopened_store() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut s = open(tmp.path());
+    for round in 0..10u8 {
+        for k in 0..20u8 {
+            match (k + round) % 3 {
+                0 => s.delete(0, &[k]),
+                _ => s.put(0, &[k], vec![round]),
+            }
+        }
+        s.take_changes();
+        s.commit(&[(0, i64::from(round))]).expect("commits");
+    }
+    let live: Vec<_> = (0..20u8).map(|k| s.get(0, &[k]).expect("reads")).collect();
+    drop(s);
+    let reopened = open(tmp.path());
+    let disk: Vec<_> = (0..20u8).map(|k| reopened.get(0, &[k]).expect("reads")).collect();
+    assert_eq!(live, disk);
+}
