@@ -83,11 +83,7 @@ impl StoreEnv {
 }
 
 impl Default for StoreEnv {
-    /// 16 MiB of memtables rather than 32: the recent values above serve the reads a larger
-    /// memtable would, and an A/B of 600k-record drains (interleaved, 3 rounds) peaked at
-    /// 80-87 against 87-99 MiB on `entities-256B-10k` and 87-89 against 100-109 MiB on
-    /// `payments-256B-dup0`, CPU per record within the runs' noise (docs/performance.md).
     fn default() -> Self {
-        Self::new(64 << 20, 16 << 20, RECENT_BYTES)
+        Self::new(64 << 20, 32 << 20, RECENT_BYTES)
     }
 }
