@@ -284,6 +284,10 @@ impl TaskStore {
             batch.put_cf(meta, offset_key(&self.names[store]), offset.to_be_bytes());
         }
         self.db.write(batch).map_err(|e| self.rocks(e))?;
+        // A commit of an idle task wrote nothing: it keeps the recent values it has.
+        if self.overlays.iter().all(HashMap::is_empty) {
+            return Ok(());
+        }
         // The next transaction likely writes as many keys: its maps start at that size.
         let next = self.overlays.iter().map(|o| HashMap::with_capacity(o.len())).collect();
         let committed = std::mem::replace(&mut self.overlays, next);

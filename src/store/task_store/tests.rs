@@ -202,3 +202,19 @@ fn many_commits_read_the_same_as_a_reopened_store() {
     let disk: Vec<_> = (0..20u8).map(|k| reopened.get(0, &[k]).expect("reads")).collect();
     assert_eq!(live, disk);
 }
+
+#[test]
+fn commits_that_write_nothing_keep_the_recent_values() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut s = open(tmp.path());
+    s.put(0, b"k", vec![1]);
+    s.take_changes();
+    s.commit(&[(0, 1)]).expect("commits");
+    for offset in 2..10 {
+        s.commit(&[(0, offset)]).expect("commits");
+    }
+    assert!(
+        s.recent.get(0, b"k").is_some(),
+        "idle commits do not push the value out"
+    );
+}
