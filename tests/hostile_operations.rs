@@ -234,6 +234,15 @@ fn a_full_state_filesystem_stops_tally_with_the_cause_and_a_restart_loses_nothin
         return;
     };
     let topology = write_topology_with(dir.path(), &names, 4096, false);
+    // RocksDB writes its log into blocks it reserved beforehand (up to the memtable budget), so
+    // with the default budget a few thousand records can fit in space taken before the filler
+    // and tally would never need more. The smallest budget makes every commit flush a memtable
+    // into a new file: the first commit after the filler needs new space.
+    let yaml = std::fs::read_to_string(&topology).expect("topology");
+    let state = format!("state: {{ dir: {} }}", dir.path().join("state").display());
+    assert!(yaml.contains(&state), "the state section: {yaml}");
+    let small = state.replace(" }", ", write_buffer_bytes: 1048576, block_cache_bytes: 1048576 }");
+    std::fs::write(&topology, yaml.replace(&state, &small)).expect("topology");
     produce(&names.input, &payments(0..100));
     let mut first = Tally::start(&topology, "i1", dir.path().join("first.log"));
     assert_eq!(read_committed(&names.output, 100, Duration::from_secs(90)).len(), 100);

@@ -7,6 +7,7 @@ pub mod queries;
 pub mod raw;
 pub mod reconcile;
 pub mod schema;
+pub mod state;
 pub mod validate;
 
 use crate::topology::Topology;

@@ -196,6 +196,15 @@ pub struct RawState {
     /// Task directories unused this long are deleted.
     #[schemars(with = "Option<u64>")]
     pub cleanup_delay_ms: Option<Spanned<u64>>,
+    /// RocksDB block cache shared by the instance's stores.
+    #[schemars(with = "Option<u64>")]
+    pub block_cache_bytes: Option<Spanned<u64>>,
+    /// RocksDB memtables of all the instance's stores, charged to the block cache.
+    #[schemars(with = "Option<u64>")]
+    pub write_buffer_bytes: Option<Spanned<u64>>,
+    /// Values of recent commits kept in memory, read before RocksDB (0: none).
+    #[schemars(with = "Option<u64>")]
+    pub recent_values_bytes: Option<Spanned<u64>>,
 }
 
 /// One entry of `sources:`

@@ -6,7 +6,6 @@ use crate::topology::{GroupProtocol, IdMapping, KafkaSettings, Processing, Sourc
 use crate::trace::Level;
 use serde_saphyr::{Location, Spanned};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// Default time a dedup key is remembered (the seed's 30 days).
@@ -110,7 +109,7 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
             }
         }
     }
-    let (state_dir, state_cleanup_delay) = state(c, raw.state);
+    let state = super::state::state(c, raw.state);
 
     let sources = sources(c, raw.sources);
     let id_mapping = raw.id_mapping.map(|m| id_mapping(c, m));
@@ -173,8 +172,9 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
         application_id: application_id?,
         kafka: kafka?,
         processing: processing?,
-        state_dir,
-        state_cleanup_delay: state_cleanup_delay?,
+        state_dir: state.dir,
+        state_cleanup_delay: state.cleanup_delay?,
+        state_memory: state.memory?,
         sources: sources?,
         pipelines: pipelines?,
         dead_letter_topic: dead_letter_topic?,
@@ -394,24 +394,6 @@ fn processing(c: &mut Collector, raw: Option<super::raw::RawProcessing>) -> Opti
         num_standby_replicas: standbys as usize,
         group_protocol,
     })
-}
-
-/// `state:`: the directory (default `./state`) and how long an unused task directory is kept.
-fn state(c: &mut Collector, raw: Option<super::raw::RawState>) -> (PathBuf, Option<Duration>) {
-    let (dir, delay) = raw.map_or((None, None), |s| (s.dir, s.cleanup_delay_ms));
-    let dir = dir.map_or_else(|| PathBuf::from("./state"), |d| PathBuf::from(d.value));
-    let delay = match delay {
-        None => Some(Duration::from_secs(600)),
-        Some(d) if d.value >= 1_000 => Some(Duration::from_millis(d.value)),
-        Some(d) => {
-            c.at_loc(
-                d.referenced,
-                format!("`state.cleanup_delay_ms` is {}; use at least 1000", d.value),
-            );
-            None
-        }
-    };
-    (dir, delay)
 }
 
 type RawSources = Spanned<BTreeMap<String, Spanned<super::raw::RawSource>>>;

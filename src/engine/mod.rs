@@ -149,7 +149,7 @@ pub async fn run(
         std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot restrict the state directory {} to its owner", state.display()))?;
     }
-    let store_env = Arc::new(StoreEnv::default().publishing_to(queries.stores.clone()));
+    let store_env = Arc::new(StoreEnv::with(&topology.state_memory).publishing_to(queries.stores.clone()));
     // Per instance: instances sharing a state directory each keep their own copy.
     let global = Arc::new(match &topology.id_mapping {
         Some(_) => GlobalMappings::open(

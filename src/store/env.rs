@@ -3,12 +3,9 @@
 
 use super::published::Published;
 use super::recent::RecentBudget;
+use crate::topology::StateMemory;
 use rocksdb::{BlockBasedIndexType, BlockBasedOptions, Cache, Options, WriteBufferManager};
 use std::sync::Arc;
-
-/// Recently committed values an instance keeps in memory (see `recent`): a few transactions
-/// of a busy task, like Kafka Streams' 10 MiB record cache.
-const RECENT_BYTES: usize = 8 << 20;
 
 /// Block cache and write-buffer budget shared by all stores of an instance, and where their
 /// tasks publish their databases for queries.
@@ -32,6 +29,15 @@ impl StoreEnv {
             recent: RecentBudget::new(recent_bytes),
             published: Arc::default(),
         }
+    }
+
+    /// The budgets a topology's `state:` section sets.
+    pub fn with(memory: &StateMemory) -> Self {
+        Self::new(
+            memory.block_cache_bytes,
+            memory.write_buffer_bytes,
+            memory.recent_values_bytes,
+        )
     }
 
     /// The same budget, publishing task databases to `published` (read by the query API).
@@ -84,6 +90,6 @@ impl StoreEnv {
 
 impl Default for StoreEnv {
     fn default() -> Self {
-        Self::new(64 << 20, 32 << 20, RECENT_BYTES)
+        Self::with(&StateMemory::default())
     }
 }

@@ -16,6 +16,14 @@ pub fn describe(t: &Topology) -> String {
         t.processing.threads
     );
     let _ = writeln!(s, "  state dir: {}", t.state_dir.display());
+    let m = &t.state_memory;
+    let _ = writeln!(
+        s,
+        "  state memory: {} MiB block cache holding {} MiB of memtables, {} MiB of recent values",
+        m.block_cache_bytes >> 20,
+        m.write_buffer_bytes >> 20,
+        m.recent_values_bytes >> 20
+    );
     if t.processing.num_standby_replicas > 0 {
         let _ = writeln!(s, "  standby replicas: {}", t.processing.num_standby_replicas);
     }

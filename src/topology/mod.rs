@@ -6,6 +6,7 @@ pub mod describe;
 pub mod diagram;
 pub mod partitioner;
 pub mod reconciler;
+pub mod state;
 pub mod template;
 
 use globset::GlobMatcher;
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use reconciler::{ReconcileRun, Watch, WatchedTopic};
+pub use state::StateMemory;
 pub use template::{KeyTemplate, RenderedKey};
 
 /// A whole application: what `tally run` executes.
@@ -29,6 +31,8 @@ pub struct Topology {
     pub state_dir: PathBuf,
     /// How long a task directory no store uses is kept before it is deleted.
     pub state_cleanup_delay: Duration,
+    /// Memory shared by the instance's task stores.
+    pub state_memory: StateMemory,
     /// Named input topics.
     pub sources: BTreeMap<String, Source>,
     /// Pipelines, each reading one source.

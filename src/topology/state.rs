@@ -1,0 +1,29 @@
+//! The memory an instance's task stores share, set under `state:`.
+
+/// Budgets shared by every task store of an instance (Kafka Streams users set the same with
+/// `statestore.cache.max.bytes` and a bounded-memory `rocksdb.config.setter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateMemory {
+    /// RocksDB block cache; the memtables are charged to it.
+    pub block_cache_bytes: usize,
+    /// RocksDB memtables of all task stores; reaching it flushes the largest.
+    pub write_buffer_bytes: usize,
+    /// Values of each task's last few commits kept in memory and read before RocksDB (0: none).
+    pub recent_values_bytes: usize,
+}
+
+impl StateMemory {
+    /// The smallest block cache or memtable budget accepted: below one of RocksDB's 1 MiB
+    /// memtable arena blocks a store would flush on nearly every write.
+    pub const MIN_BYTES: usize = 1 << 20;
+}
+
+impl Default for StateMemory {
+    fn default() -> Self {
+        Self {
+            block_cache_bytes: 64 << 20,
+            write_buffer_bytes: 32 << 20,
+            recent_values_bytes: 8 << 20,
+        }
+    }
+}
