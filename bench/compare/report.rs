@@ -128,7 +128,7 @@ const METHOD: &str = r#"
   interval 100 ms, one stream thread).
 - **Kafka Streams**: `bench/kstreams` (kafka-streams 4.4.0, `exactly_once_v2`, commit interval
   100 ms, one stream thread, persistent RocksDB store with the record cache on (10 MiB), one
-  64 MiB block cache and 32 MiB write-buffer budget shared by all stores like tally's, LZ4,
+  64 MiB block cache and 16 MiB write-buffer budget shared by all stores like tally's, LZ4,
   producer `linger.ms` 5), JVM options from `TALLY_BENCH_JAVA_OPTS` (default `-Xmx1g`).
 - **Throughput**: input records / seconds between the first and the last expected output
   becoming readable with read_committed, input preloaded before the process starts. Startup

@@ -18,7 +18,7 @@ public final class BoundedRocksDb implements RocksDBConfigSetter {
   private static final long BLOCK_CACHE_BYTES =
       Long.parseLong(Main.env("KS_BLOCK_CACHE_BYTES", String.valueOf(64L << 20)));
   private static final long WRITE_BUFFER_BYTES =
-      Long.parseLong(Main.env("KS_WRITE_BUFFER_BYTES", String.valueOf(32L << 20)));
+      Long.parseLong(Main.env("KS_WRITE_BUFFER_BYTES", String.valueOf(16L << 20)));
   private static final Cache CACHE = new LRUCache(BLOCK_CACHE_BYTES);
   private static final WriteBufferManager WRITE_BUFFERS = new WriteBufferManager(WRITE_BUFFER_BYTES, CACHE);
 

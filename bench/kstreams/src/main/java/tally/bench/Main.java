@@ -18,7 +18,7 @@ import org.apache.kafka.streams.errors.StreamsUncaughtExceptionHandler.StreamThr
  * payments-keyed),
  * KAFKA_BOOTSTRAP, KS_APP_ID, KS_INPUT, KS_OUTPUT, KS_DLQ, KS_STATE_DIR, KS_PARTITIONS,
  * KS_COMMIT_MS (100), KS_CACHE_BYTES (record cache, 10 MiB), KS_BLOCK_CACHE_BYTES (64 MiB) and
- * KS_WRITE_BUFFER_BYTES (32 MiB). Prints "state RUNNING" once the tasks run.
+ * KS_WRITE_BUFFER_BYTES (16 MiB). Prints "state RUNNING" once the tasks run.
  */
 public final class Main {
   private Main() {}
