@@ -187,7 +187,7 @@ pub struct RawProcessing {
 }
 
 /// `state:`
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawState {
     /// Directory of the local stores.

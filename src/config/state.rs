@@ -20,13 +20,7 @@ pub struct State {
 
 /// Checks `state:`, reporting every problem into `c`.
 pub fn state(c: &mut Collector, raw: Option<RawState>) -> State {
-    let Some(raw) = raw else {
-        return State {
-            dir: PathBuf::from("./state"),
-            cleanup_delay: Some(Duration::from_secs(600)),
-            memory: Some(StateMemory::default()),
-        };
-    };
+    let raw = raw.unwrap_or_default();
     let dir = raw
         .dir
         .map_or_else(|| PathBuf::from("./state"), |d| PathBuf::from(d.value));

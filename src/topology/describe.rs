@@ -19,10 +19,10 @@ pub fn describe(t: &Topology) -> String {
     let m = &t.state_memory;
     let _ = writeln!(
         s,
-        "  state memory: {} MiB block cache holding {} MiB of memtables, {} MiB of recent values",
-        m.block_cache_bytes >> 20,
-        m.write_buffer_bytes >> 20,
-        m.recent_values_bytes >> 20
+        "  state memory: {} block cache holding {} of memtables, {} of recent values",
+        size(m.block_cache_bytes),
+        size(m.write_buffer_bytes),
+        size(m.recent_values_bytes)
     );
     if t.processing.num_standby_replicas > 0 {
         let _ = writeln!(s, "  standby replicas: {}", t.processing.num_standby_replicas);
@@ -123,4 +123,23 @@ pub fn describe(t: &Topology) -> String {
     }
     let _ = writeln!(s, "\ndead letters → topic {}", t.dead_letter_topic);
     s
+}
+
+/// A byte budget as people set it: whole MiB when it is, bytes otherwise.
+fn size(bytes: usize) -> String {
+    if bytes.is_multiple_of(1 << 20) {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn budgets_read_in_mib_unless_they_are_not_whole_mib() {
+        assert_eq!(super::size(16 << 20), "16 MiB");
+        assert_eq!(super::size(0), "0 MiB");
+        assert_eq!(super::size(1_500_000), "1500000 bytes");
+    }
 }

@@ -1,20 +1,21 @@
-//! The memory an instance's task stores share, set under `state:`.
+//! The memory an instance's stores share, set under `state:`.
 
-/// Budgets shared by every task store of an instance (Kafka Streams users set the same with
-/// `statestore.cache.max.bytes` and a bounded-memory `rocksdb.config.setter`).
+/// Budgets shared by every store of an instance, its task stores and its ID-mapping store
+/// (Kafka Streams users set the same with `statestore.cache.max.bytes` and a bounded-memory
+/// `rocksdb.config.setter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateMemory {
     /// RocksDB block cache; the memtables are charged to it.
     pub block_cache_bytes: usize,
-    /// RocksDB memtables of all task stores; reaching it flushes the largest.
+    /// RocksDB memtables of all the stores; reaching it flushes memtables to disk.
     pub write_buffer_bytes: usize,
     /// Values of each task's last few commits kept in memory and read before RocksDB (0: none).
     pub recent_values_bytes: usize,
 }
 
 impl StateMemory {
-    /// The smallest block cache or memtable budget accepted: below one of RocksDB's 1 MiB
-    /// memtable arena blocks a store would flush on nearly every write.
+    /// The smallest block cache or memtable budget accepted: a floor that catches a budget
+    /// written in MiB where bytes are meant.
     pub const MIN_BYTES: usize = 1 << 20;
 }
 
