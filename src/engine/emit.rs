@@ -353,18 +353,18 @@ impl Emitter {
     }
 
     /// Produces store changes to their changelog partition.
-    pub fn changes(
+    pub fn changes<'a>(
         &self,
         producer: &mut TxnProducer,
         changelogs: &[String],
-        changes: Vec<Change>,
+        changes: impl Iterator<Item = Change<'a>>,
     ) -> Result<(), ProcessError> {
         for change in changes {
             let out = Outgoing {
                 topic: &changelogs[change.store],
                 partition: Some(self.partition),
-                key: Some(&change.key),
-                payload: change.value.as_deref(),
+                key: Some(change.key),
+                payload: change.value,
                 headers: None,
             };
             producer.send(out).map_err(ProcessError::Kafka)?;

@@ -15,8 +15,8 @@ pub enum Point {
     CommitAbortable,
     /// `commit_transaction` succeeds but the call reports a timeout: the outcome looks unknown.
     CommitOutcomeUnknown,
-    /// A record fails with an internal error after its store changes went to the changelog,
-    /// before its output: the transaction holds half a record.
+    /// A record fails with an internal error after its store writes, before its output: the
+    /// transaction holds half a record.
     RecordFailsMidway,
     /// The stream thread freezes for [`FREEZE`] (as a SIGSTOPped process would, but librdkafka's
     /// threads go on and the group moves its partitions), then ticks its tasks and commits

@@ -128,6 +128,11 @@ impl TxnProducer {
         record_size(key, payload, headers) <= self.limit
     }
 
+    /// True when a record of `bytes` key and value bytes and no headers fits the limit.
+    pub fn fits_bytes(&self, bytes: usize) -> bool {
+        bytes.saturating_add(RECORD_OVERHEAD) <= self.limit
+    }
+
     /// True while a transaction is open.
     pub fn in_transaction(&self) -> bool {
         self.in_transaction

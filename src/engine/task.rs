@@ -15,6 +15,7 @@ use crate::store::{StoreError, TaskStore};
 use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
 use crate::wire::SOURCE_KEY_HEADER;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use std::cell::OnceCell;
@@ -161,8 +162,8 @@ impl PipelineTask {
 
     /// Runs the next step of the expiry pass under way (or starts one) in the open transaction:
     /// looks at up to `batch` dedup entries and deletes the expired ones; returns how many.
-    pub fn expire(&mut self, now_ms: i64, producer: &mut TxnProducer, batch: usize) -> Result<usize, ProcessError> {
-        let Work::Process { store, changelogs, .. } = &mut self.work else {
+    pub fn expire(&mut self, now_ms: i64, batch: usize) -> Result<usize, ProcessError> {
+        let Work::Process { store, .. } = &mut self.work else {
             return Ok(0);
         };
         let pipeline = self.processor.pipeline();
@@ -172,7 +173,6 @@ impl PipelineTask {
         };
         let step = dedup::expire(store, index, now_ms, retention, self.expiry_cursor.as_deref(), batch)
             .map_err(|e| ProcessError::Engine(state_failure(store.dir(), e)))?;
-        self.emit.changes(producer, changelogs, store.take_changes())?;
         self.emit.counts.expired += step.deleted as u64;
         if step.unreadable > 0 {
             tracing::warn!(
@@ -215,7 +215,7 @@ impl Task for PipelineTask {
     /// never meets an unlogged write, whichever path made it.
     fn flush(&mut self, producer: &mut TxnProducer) -> Result<(), ProcessError> {
         if let Work::Process { store, changelogs, .. } = &mut self.work {
-            self.emit.changes(producer, changelogs, store.take_changes())?;
+            self.emit.changes(producer, changelogs, store.unlogged())?;
         }
         Ok(())
     }
@@ -283,9 +283,7 @@ impl Task for PipelineTask {
                 }
             }
             Work::Process {
-                store,
-                changelogs,
-                repartitioned,
+                store, repartitioned, ..
             } => {
                 if !*repartitioned {
                     emit.counts.records_in += 1;
@@ -311,10 +309,16 @@ impl Task for PipelineTask {
                     }
                     emit.trace(producer, &event_id, key, corr, Status::Processing, None)?;
                 }
-                emit.changes(producer, changelogs, store.take_changes())?;
+                // The changelog gets each key's last write at the commit; a write that could
+                // never be sent there is refused now, with the record that made it.
+                if !producer.fits_bytes(store.take_largest_write()) {
+                    return Err(ProcessError::Kafka(KafkaError::MessageProduction(
+                        RDKafkaErrorCode::MessageSizeTooLarge,
+                    )));
+                }
                 if faults::hit(Point::RecordFailsMidway) {
                     return Err(ProcessError::Engine(EngineError::Transient(anyhow::anyhow!(
-                        "injected fault: record fails after its changelog records"
+                        "injected fault: record fails after its store writes"
                     ))));
                 }
                 emit.decision(producer, msg, &place, &processed, input.now_ms)?;
@@ -378,11 +382,11 @@ impl Task for PipelineTask {
 
     /// Deletes expired dedup keys inside the transaction: a pass under way goes on at every
     /// tick; the next starts an expiry interval after the last ended.
-    fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
+    fn tick(&mut self, now_ms: i64, _producer: &mut TxnProducer) -> Result<bool, ProcessError> {
         if self.expiry_cursor.is_none() && self.last_expiry.elapsed() < self.expiry_every {
             return Ok(false);
         }
-        let n = self.expire(now_ms, producer, EXPIRY_BATCH)?;
+        let n = self.expire(now_ms, EXPIRY_BATCH)?;
         if n > 0 {
             tracing::debug!(expired = n, pipeline = self.label(), "expired dedup keys deleted");
         }

@@ -446,7 +446,7 @@ impl Task for ReconcileTask {
 
     fn flush(&mut self, producer: &mut TxnProducer) -> Result<(), ProcessError> {
         self.write_pending()?;
-        self.emit.changes(producer, &self.changelogs, self.store.take_changes())
+        self.emit.changes(producer, &self.changelogs, self.store.unlogged())
     }
 
     fn next_offset(&self) -> Option<i64> {

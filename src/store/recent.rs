@@ -18,8 +18,17 @@ const GENERATIONS: usize = 4;
 /// What an entry is charged beyond its key and value bytes (map slot, two allocations).
 pub(super) const ENTRY_OVERHEAD: usize = 64;
 
-/// One transaction's writes per store: `None` is a delete.
-pub(super) type Writes = HashMap<Vec<u8>, Option<Vec<u8>>>;
+/// A transaction's write of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Write {
+    /// The value; `None` is a delete.
+    pub value: Option<Vec<u8>>,
+    /// True once the changelog record of this value was sent.
+    pub logged: bool,
+}
+
+/// One transaction's writes of one store, the last per key.
+pub(super) type Writes = HashMap<Vec<u8>, Write>;
 
 /// The bytes every task store of an instance may keep in recent generations together.
 #[derive(Debug)]
@@ -73,7 +82,7 @@ impl Recent {
         self.generations
             .iter()
             .find_map(|g| g.stores.get(store)?.get(key))
-            .map(Option::as_deref)
+            .map(|w| w.value.as_deref())
     }
 
     /// Keeps a commit's writes (`bytes` as charged), dropping the oldest generations beyond
@@ -118,7 +127,10 @@ mod tests {
     fn writes(entries: &[(&[u8], Option<&[u8]>)]) -> Vec<Writes> {
         vec![entries
             .iter()
-            .map(|(k, v)| (k.to_vec(), v.map(<[u8]>::to_vec)))
+            .map(|(k, v)| {
+                let value = v.map(<[u8]>::to_vec);
+                (k.to_vec(), Write { value, logged: true })
+            })
             .collect()]
     }
 

@@ -4,7 +4,7 @@
 use super::env::StoreEnv;
 use super::lock::{LockError, TaskLock};
 use super::published::Published;
-use super::recent::{Recent, Writes, ENTRY_OVERHEAD};
+use super::recent::{Recent, Write, Writes, ENTRY_OVERHEAD};
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,15 +16,15 @@ const READERS_WAIT: Duration = Duration::from_secs(10);
 
 const META_CF: &str = "meta";
 
-/// A store operation that must also go to the store's changelog topic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
+/// A store write that must also go to the store's changelog topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change<'a> {
     /// Index of the store within the task.
     pub store: usize,
     /// Store key.
-    pub key: Vec<u8>,
+    pub key: &'a [u8],
     /// New value; `None` is a delete (a tombstone on the changelog).
-    pub value: Option<Vec<u8>>,
+    pub value: Option<&'a [u8]>,
 }
 
 /// A committed key and value.
@@ -131,7 +131,8 @@ pub struct TaskStore {
     overlay_bytes: usize,
     /// The last commits' writes, read before the database.
     recent: Recent,
-    changes: Vec<Change>,
+    /// The largest write (key and value bytes) since [`TaskStore::take_largest_write`].
+    largest_write: usize,
     published: Arc<Published>,
     /// The (pipeline, partition) this store is published as, while it is.
     serving: Option<(String, i32)>,
@@ -165,7 +166,7 @@ impl TaskStore {
             overlays: vec![HashMap::new(); names.len()],
             overlay_bytes: 0,
             recent: Recent::new(env.recent_budget().clone()),
-            changes: Vec::new(),
+            largest_write: 0,
             published: env.published().clone(),
             serving: None,
             _lock: lock,
@@ -222,7 +223,7 @@ impl TaskStore {
     /// Reads a key, seeing this transaction's writes first, then the last commits'.
     pub fn get(&self, store: usize, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         if let Some(pending) = self.overlays[store].get(key) {
-            return Ok(pending.clone());
+            return Ok(pending.value.clone());
         }
         if let Some(committed) = self.recent.get(store, key) {
             return Ok(committed.map(<[u8]>::to_vec));
@@ -233,47 +234,74 @@ impl TaskStore {
 
     /// The open transaction's write of a key, if it has one: `Some(None)` is a pending delete.
     pub fn pending(&self, store: usize, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.overlays[store].get(key).map(Option::as_deref)
+        self.overlays[store].get(key).map(|w| w.value.as_deref())
     }
 
-    /// Writes a key in the open transaction and queues it for the changelog.
+    /// Writes a key in the open transaction; its changelog record is one of [`TaskStore::unlogged`].
     pub fn put(&mut self, store: usize, key: &[u8], value: Vec<u8>) {
         self.overlay_bytes += key.len() + value.len() + ENTRY_OVERHEAD;
-        self.overlays[store].insert(key.to_vec(), Some(value.clone()));
-        self.changes.push(Change {
-            store,
-            key: key.to_vec(),
-            value: Some(value),
-        });
+        self.largest_write = self.largest_write.max(key.len() + value.len());
+        self.write(store, key, Some(value));
     }
 
-    /// Deletes a key in the open transaction and queues a tombstone for the changelog.
+    /// Deletes a key in the open transaction; its tombstone is one of [`TaskStore::unlogged`].
     pub fn delete(&mut self, store: usize, key: &[u8]) {
         self.overlay_bytes += key.len() + ENTRY_OVERHEAD;
-        self.overlays[store].insert(key.to_vec(), None);
-        self.changes.push(Change {
-            store,
-            key: key.to_vec(),
-            value: None,
-        });
+        self.largest_write = self.largest_write.max(key.len());
+        self.write(store, key, None);
     }
 
-    /// Takes the changes queued since the last call, for the engine to produce.
-    pub fn take_changes(&mut self) -> Vec<Change> {
-        std::mem::take(&mut self.changes)
+    fn write(&mut self, store: usize, key: &[u8], value: Option<Vec<u8>>) {
+        let write = Write { value, logged: false };
+        // A key written again in the transaction replaces its write without a new allocation.
+        match self.overlays[store].get_mut(key) {
+            Some(pending) => *pending = write,
+            None => {
+                self.overlays[store].insert(key.to_vec(), write);
+            }
+        }
+    }
+
+    /// The largest write (key and value bytes) since the last call: its changelog record is
+    /// sent only at the commit, so the caller checks it fits while it knows the record that
+    /// made it.
+    pub fn take_largest_write(&mut self) -> usize {
+        std::mem::take(&mut self.largest_write)
+    }
+
+    /// The open transaction's writes whose changelog record was not sent yet, the last of each
+    /// key only (as Kafka Streams' caching stores flush); each counts as sent once handed out.
+    pub fn unlogged(&mut self) -> impl Iterator<Item = Change<'_>> {
+        self.overlays.iter_mut().enumerate().flat_map(|(store, overlay)| {
+            overlay.iter_mut().filter(|(_, w)| !w.logged).map(move |(key, w)| {
+                w.logged = true;
+                let w: &Write = w;
+                Change {
+                    store,
+                    key,
+                    value: w.value.as_deref(),
+                }
+            })
+        })
     }
 
     /// After the Kafka commit: writes the overlay and each store's changelog offset in one batch.
     /// Refuses when writes of the transaction were never taken for the changelog.
     pub fn commit(&mut self, changelog_offsets: &[(usize, i64)]) -> Result<(), StoreError> {
-        if !self.changes.is_empty() {
-            return Err(StoreError::Unlogged(self.dir.clone(), self.changes.len()));
+        let unlogged = self
+            .overlays
+            .iter()
+            .flat_map(HashMap::values)
+            .filter(|w| !w.logged)
+            .count();
+        if unlogged > 0 {
+            return Err(StoreError::Unlogged(self.dir.clone(), unlogged));
         }
         let mut batch = WriteBatch::default();
         for (store, overlay) in self.overlays.iter().enumerate() {
             let cf = self.cf(&self.names[store])?;
-            for (key, value) in overlay {
-                match value {
+            for (key, write) in overlay {
+                match &write.value {
                     Some(v) => batch.put_cf(cf, key, v),
                     None => batch.delete_cf(cf, key),
                 }
@@ -299,7 +327,7 @@ impl TaskStore {
     pub fn abort(&mut self) {
         self.overlays.iter_mut().for_each(HashMap::clear);
         self.overlay_bytes = 0;
-        self.changes.clear();
+        self.largest_write = 0;
     }
 
     /// The offset of the last changelog record this store reflects, if recorded.
@@ -438,6 +466,32 @@ impl Drop for TaskStore {
 
 fn offset_key(store: &str) -> Vec<u8> {
     format!("changelog_offset/{store}").into_bytes()
+}
+
+/// A change [`TaskStore::unlogged`] handed out, owned (tests look at what a commit would send).
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenChange {
+    /// Index of the store within the task.
+    pub store: usize,
+    /// Store key.
+    pub key: Vec<u8>,
+    /// New value; `None` is a delete.
+    pub value: Option<Vec<u8>>,
+}
+
+#[cfg(test)]
+impl TaskStore {
+    /// [`TaskStore::unlogged`], owned: what the changelog would receive now.
+    pub fn take_changes(&mut self) -> Vec<TakenChange> {
+        self.unlogged()
+            .map(|c| TakenChange {
+                store: c.store,
+                key: c.key.to_vec(),
+                value: c.value.map(<[u8]>::to_vec),
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -218,3 +218,59 @@ fn commits_that_write_nothing_keep_the_recent_values() {
         "idle commits do not push the value out"
     );
 }
+
+#[test]
+fn the_changelog_gets_each_key_s_last_write_once_and_a_later_write_again() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut s = TaskStore::open(tmp.path(), &["a".to_string(), "b".to_string()], &StoreEnv::default()).expect("opens");
+    s.put(0, b"k", vec![1]);
+    s.put(0, b"k", vec![2]);
+    s.delete(0, b"gone");
+    s.put(0, b"gone", vec![3]);
+    s.put(1, b"k", vec![4]);
+    s.delete(1, b"k");
+    let mut sent = s.take_changes();
+    sent.sort_by(|x, y| (x.store, &x.key).cmp(&(y.store, &y.key)));
+    let change = |store, key: &[u8], value: Option<Vec<u8>>| TakenChange {
+        store,
+        key: key.to_vec(),
+        value,
+    };
+    assert_eq!(
+        sent,
+        vec![
+            change(0, b"gone", Some(vec![3])),
+            change(0, b"k", Some(vec![2])),
+            change(1, b"k", None),
+        ],
+        "one record per key and store, its last write"
+    );
+    assert!(s.take_changes().is_empty(), "nothing is sent twice");
+    s.put(0, b"k", vec![5]);
+    let again = s.take_changes();
+    assert_eq!(
+        again.len(),
+        1,
+        "a write after the changelog was sent goes again: {again:?}"
+    );
+    assert_eq!(again[0].value, Some(vec![5]));
+    s.put(0, b"late", vec![6]);
+    assert!(
+        matches!(s.commit(&[(0, 1)]), Err(StoreError::Unlogged(_, 1))),
+        "a write made after the last send is refused at the commit"
+    );
+}
+
+#[test]
+fn the_largest_write_is_told_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut s = open(tmp.path());
+    assert_eq!(s.take_largest_write(), 0);
+    s.put(0, b"key", vec![0; 100]);
+    s.put(0, b"k", vec![0; 10]);
+    s.delete(0, &[7; 50]);
+    assert_eq!(s.take_largest_write(), 103, "key and value bytes of the largest");
+    assert_eq!(s.take_largest_write(), 0, "told once");
+    s.delete(0, &[7; 50]);
+    assert_eq!(s.take_largest_write(), 50, "a tombstone's key counts");
+}
