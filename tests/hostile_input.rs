@@ -118,6 +118,87 @@ fn a_record_whose_output_outgrows_the_producer_limit_costs_one_dead_letter_not_t
     tally.stop();
 }
 
+/// The same limit on the changelog: a merged state that would outgrow what tally can write is
+/// refused with the increment that grew it, though that record's own output (the increment)
+/// fits. Changelog records leave at the commit, so without the check the commit itself would
+/// fail, again with every retry.
+#[test]
+fn a_state_that_outgrows_the_producer_limit_costs_one_dead_letter_not_the_partition() {
+    let names = Names::new("state-outgrown");
+    create_topics(&[(&names.input, 1), (&names.output, 2), (&names.dlq, 1)]);
+    let line = |cart: &str, id: &str, bytes: usize| {
+        let note = "x".repeat(bytes);
+        serde_json::json!({"event_type": "cart.line_added", "cart_id": cart, "line_id": id, "note": note}).to_string()
+    };
+    // 400 KB lines: cart A's state holds two (800 KB) and would hold 1.2 MB with a third, past
+    // librdkafka's 1,000,000-byte default; every record is under max_record_bytes on the way in.
+    let records = [
+        line("A", "A-1", 400_000),
+        line("A", "A-2", 400_000),
+        line("A", "A-3", 400_000),
+        line("B", "B-1", 400_000),
+        line("A", "A-4", 10),
+    ];
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    for (i, body) in records.iter().enumerate() {
+        producer
+            .send(BaseRecord::to(&names.input).key(&format!("k-{i}")).payload(body))
+            .expect("enqueue");
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let yaml = r#"
+application_id: ${TALLY_APP_ID}
+kafka: { bootstrap_servers: "${KAFKA_BOOTSTRAP}" }
+processing: { commit_interval_ms: 100, max_record_bytes: 1048576 }
+state: { dir: "${TALLY_STATE_DIR}" }
+sources:
+  carts: { topic: "${TALLY_INPUT_TOPIC}" }
+pipelines:
+  - name: carts
+    from: carts
+    repartition: { key: "{cart_id}" }
+    key: "{cart_id}:{line_id}"
+    routes:
+      - when: { event_type: "cart.line_added" }
+        strategy: merge
+        entity: "{cart_id}"
+        increment_id: "{line_id}"
+        into: lines
+        emit: increment
+        max_state_bytes: 4000000
+    to: { topic: "${TALLY_OUTPUT_TOPIC}" }
+dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
+"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tally = Tally::start_yaml(yaml, &names, dir.path(), "i1");
+    let out = read_committed(&names.output, 4, Duration::from_secs(90));
+    let dlq = read_committed(&names.dlq, 1, Duration::from_secs(30));
+    tally.stop();
+    let mut lines: Vec<String> = out
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<serde_json::Value>(m.payload()?).ok())
+        .filter_map(|v| Some(v["line_id"].as_str()?.to_string()))
+        .collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["A-1", "A-2", "A-4", "B-1"],
+        "every increment but the one that outgrew the limit"
+    );
+    assert_eq!(dlq.len(), 1, "one dead letter");
+    assert_eq!(
+        header(&dlq[0], "tally.error.reason").as_deref(),
+        Some("output_too_large")
+    );
+    assert_eq!(header(&dlq[0], "tally.source.offset").as_deref(), Some("2"));
+    assert_eq!(dlq[0].key(), Some(b"k-2".as_slice()), "the original key");
+}
+
 #[test]
 fn key_fields_that_hold_the_separator_stay_distinct_events() {
     let names = Names::new("separator");

@@ -311,7 +311,7 @@ impl Task for PipelineTask {
                 }
                 // The changelog gets each key's last write at the commit; a write that could
                 // never be sent there is refused now, with the record that made it.
-                if !producer.fits_bytes(store.take_largest_write()) {
+                if !producer.fits_bytes(store.take_largest_put()) {
                     return Err(ProcessError::Kafka(KafkaError::MessageProduction(
                         RDKafkaErrorCode::MessageSizeTooLarge,
                     )));

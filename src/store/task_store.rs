@@ -131,8 +131,8 @@ pub struct TaskStore {
     overlay_bytes: usize,
     /// The last commits' writes, read before the database.
     recent: Recent,
-    /// The largest write (key and value bytes) since [`TaskStore::take_largest_write`].
-    largest_write: usize,
+    /// The largest put (key and value bytes) since [`TaskStore::take_largest_put`].
+    largest_put: usize,
     published: Arc<Published>,
     /// The (pipeline, partition) this store is published as, while it is.
     serving: Option<(String, i32)>,
@@ -166,7 +166,7 @@ impl TaskStore {
             overlays: vec![HashMap::new(); names.len()],
             overlay_bytes: 0,
             recent: Recent::new(env.recent_budget().clone()),
-            largest_write: 0,
+            largest_put: 0,
             published: env.published().clone(),
             serving: None,
             _lock: lock,
@@ -240,14 +240,13 @@ impl TaskStore {
     /// Writes a key in the open transaction; its changelog record is one of [`TaskStore::unlogged`].
     pub fn put(&mut self, store: usize, key: &[u8], value: Vec<u8>) {
         self.overlay_bytes += key.len() + value.len() + ENTRY_OVERHEAD;
-        self.largest_write = self.largest_write.max(key.len() + value.len());
+        self.largest_put = self.largest_put.max(key.len() + value.len());
         self.write(store, key, Some(value));
     }
 
     /// Deletes a key in the open transaction; its tombstone is one of [`TaskStore::unlogged`].
     pub fn delete(&mut self, store: usize, key: &[u8]) {
         self.overlay_bytes += key.len() + ENTRY_OVERHEAD;
-        self.largest_write = self.largest_write.max(key.len());
         self.write(store, key, None);
     }
 
@@ -262,11 +261,12 @@ impl TaskStore {
         }
     }
 
-    /// The largest write (key and value bytes) since the last call: its changelog record is
-    /// sent only at the commit, so the caller checks it fits while it knows the record that
-    /// made it.
-    pub fn take_largest_write(&mut self) -> usize {
-        std::mem::take(&mut self.largest_write)
+    /// The largest put (key and value bytes) since the last call: its changelog record is sent
+    /// only at the commit, so the caller checks it fits while it knows the record that made it.
+    /// Deletes are not counted: a tombstone's key went to the changelog with the value it
+    /// removes, and expiry's tombstones belong to no record.
+    pub fn take_largest_put(&mut self) -> usize {
+        std::mem::take(&mut self.largest_put)
     }
 
     /// The open transaction's writes whose changelog record was not sent yet, the last of each
@@ -327,7 +327,7 @@ impl TaskStore {
     pub fn abort(&mut self) {
         self.overlays.iter_mut().for_each(HashMap::clear);
         self.overlay_bytes = 0;
-        self.largest_write = 0;
+        self.largest_put = 0;
     }
 
     /// The offset of the last changelog record this store reflects, if recorded.
