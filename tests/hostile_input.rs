@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use rdkafka::message::OwnedHeaders;
+use rdkafka::message::{OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message};
 use std::time::Duration;
@@ -104,13 +104,7 @@ fn a_record_whose_output_outgrows_the_producer_limit_costs_one_dead_letter_not_t
     let out = read_committed(&names.output, 150, Duration::from_secs(90));
     assert_eq!(out.len(), 150, "every record after the oversized one comes out");
     let dlq = read_committed(&names.dlq, 1, Duration::from_secs(30));
-    assert_eq!(dlq.len(), 1, "one dead letter");
-    assert_eq!(
-        header(&dlq[0], "tally.error.reason").as_deref(),
-        Some("output_too_large")
-    );
-    assert_eq!(header(&dlq[0], "tally.source.offset").as_deref(), Some("50"));
-    assert_eq!(dlq[0].key(), Some(b"k-big".as_slice()), "the original key");
+    assert_one_too_large(&dlq, "50", b"k-big");
     assert!(
         dlq[0].payload().is_some_and(|p| p.len() > 800_000),
         "the original payload fits a dead letter"
@@ -190,13 +184,19 @@ dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
         ["A-1", "A-2", "A-4", "B-1"],
         "every increment but the one that outgrew the limit"
     );
+    assert_one_too_large(&dlq, "2", b"k-2");
+}
+
+/// `dlq` holds one dead letter: the source record at `offset`, with its own `key`, refused as
+/// `output_too_large`.
+fn assert_one_too_large(dlq: &[OwnedMessage], offset: &str, key: &[u8]) {
     assert_eq!(dlq.len(), 1, "one dead letter");
     assert_eq!(
         header(&dlq[0], "tally.error.reason").as_deref(),
         Some("output_too_large")
     );
-    assert_eq!(header(&dlq[0], "tally.source.offset").as_deref(), Some("2"));
-    assert_eq!(dlq[0].key(), Some(b"k-2".as_slice()), "the original key");
+    assert_eq!(header(&dlq[0], "tally.source.offset").as_deref(), Some(offset));
+    assert_eq!(dlq[0].key(), Some(key), "the original key");
 }
 
 #[test]

@@ -288,24 +288,20 @@ impl TaskStore {
     /// After the Kafka commit: writes the overlay and each store's changelog offset in one batch.
     /// Refuses when writes of the transaction were never taken for the changelog.
     pub fn commit(&mut self, changelog_offsets: &[(usize, i64)]) -> Result<(), StoreError> {
-        let unlogged = self
-            .overlays
-            .iter()
-            .flat_map(HashMap::values)
-            .filter(|w| !w.logged)
-            .count();
-        if unlogged > 0 {
-            return Err(StoreError::Unlogged(self.dir.clone(), unlogged));
-        }
         let mut batch = WriteBatch::default();
+        let mut unlogged = 0;
         for (store, overlay) in self.overlays.iter().enumerate() {
             let cf = self.cf(&self.names[store])?;
             for (key, write) in overlay {
+                unlogged += usize::from(!write.logged);
                 match &write.value {
                     Some(v) => batch.put_cf(cf, key, v),
                     None => batch.delete_cf(cf, key),
                 }
             }
+        }
+        if unlogged > 0 {
+            return Err(StoreError::Unlogged(self.dir.clone(), unlogged));
         }
         let meta = self.cf(META_CF)?;
         for &(store, offset) in changelog_offsets {
