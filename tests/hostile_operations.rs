@@ -285,6 +285,92 @@ fn a_full_state_filesystem_stops_tally_with_the_cause_and_a_restart_loses_nothin
     );
 }
 
+/// Commits `keys` new keys (of the size a payment's dedup entry has) to `store`.
+fn commit_keys(
+    store: &mut tally::store::TaskStore,
+    keys: std::ops::Range<usize>,
+) -> Result<(), tally::store::StoreError> {
+    for i in keys {
+        store.put(0, format!("pay-{i:08}:AUTHORIZED").as_bytes(), vec![1; 40]);
+    }
+    store.unlogged().for_each(drop);
+    store.commit(&[])
+}
+
+#[test]
+fn a_store_commit_on_a_full_filesystem_returns_the_cause_instead_of_waiting_for_space() {
+    // A commit caught in a write stall when the flush it waits for fails for want of space was
+    // held by RocksDB forever (it waits for space to recover by itself): 3 of 40 runs of this
+    // scenario with the CPUs busy hung before tally wrote with `no_slowdown`. Busy threads make
+    // the stall likely; each run is a few milliseconds once the filesystem is full.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let mut causes = std::collections::BTreeSet::new();
+    for run in 0..40 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some(fs) = SmallFilesystem::mount(&dir.path().join("state"), 16) else {
+            eprintln!("SKIPPED: cannot mount a tmpfs here (needs root): the full-filesystem case is not exercised");
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(), tally::store::StoreError>>();
+        let (filled, wait_filled) = std::sync::mpsc::channel::<()>();
+        let state = dir.path().join("state");
+        // Two tasks share the smallest memtable budget: nearly every commit switches memtables.
+        std::thread::spawn(move || {
+            let env = tally::store::StoreEnv::new(1 << 20, 1 << 20, 0);
+            let open = |task: &str| tally::store::TaskStore::open(&state.join(task), &["dedup".to_string()], &env);
+            let outcome = (|| {
+                let mut tasks = [open("payments-0")?, open("payments-1")?];
+                for task in &mut tasks {
+                    commit_keys(task, 0..50)?;
+                }
+                let _ = tx.send(Ok(()));
+                let _ = wait_filled.recv();
+                for from in (1_000..40_000).step_by(50) {
+                    for task in &mut tasks {
+                        commit_keys(task, from..from + 50)?;
+                    }
+                }
+                Ok(())
+            })();
+            let _ = tx.send(outcome);
+        });
+        rx.recv_timeout(Duration::from_secs(30))
+            .expect("the stores open")
+            .expect("opens");
+        fs.fill();
+        filled.send(()).expect("the writer waits");
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Err(_) => panic!("run {run}: a store commit still waits 30 s after the state filesystem filled"),
+            Ok(Ok(_)) => panic!("run {run}: 80,000 keys committed to a full filesystem"),
+            Ok(Err(e)) => {
+                let e = e.to_string();
+                assert!(
+                    e.contains("No space left on device"),
+                    "run {run}: the cause is given: {e}"
+                );
+                causes.insert(if e.contains(".sst") {
+                    "a failed flush"
+                } else {
+                    "the write-ahead log"
+                });
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.into_iter().for_each(|t| t.join().expect("busy thread"));
+    eprintln!("every commit after the filesystem filled failed with its cause, from {causes:?}");
+}
+
 #[test]
 fn a_restore_longer_than_the_poll_interval_runs_between_polls_while_other_partitions_flow() {
     let names = Names::new("long-restore");

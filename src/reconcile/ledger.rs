@@ -2,8 +2,9 @@
 //! of keys costs disk rather than memory; one ordered scan then yields each key's verdict.
 
 use super::records::Settlement;
+use crate::store::write::write_batch;
 use anyhow::{Context, Result};
-use rocksdb::{BlockBasedOptions, Cache, MergeOperands, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{BlockBasedOptions, Cache, MergeOperands, Options, WriteBatch, DB};
 use std::path::Path;
 
 /// Count updates per WriteBatch.
@@ -144,7 +145,6 @@ pub struct Ledger {
     // Declared before `dir` so the database closes before its directory is removed.
     db: DB,
     batch: WriteBatch,
-    write: WriteOptions,
     dir: tempfile::TempDir,
 }
 
@@ -179,13 +179,9 @@ impl Ledger {
         opts.set_block_based_table_factory(&table);
         let db = DB::open(&opts, dir.path())
             .with_context(|| format!("cannot open the work database in `{}`", dir.path().display()))?;
-        // The database lives for one run: a crash loses nothing worth a write-ahead log.
-        let mut write = WriteOptions::default();
-        write.disable_wal(true);
         Ok(Self {
             db,
             batch: WriteBatch::default(),
-            write,
             dir,
         })
     }
@@ -195,7 +191,6 @@ impl Ledger {
     pub fn shared(&self) -> Shared<'_> {
         Shared {
             db: &self.db,
-            write: &self.write,
             dir: self.dir.path(),
         }
     }
@@ -278,7 +273,6 @@ impl Counter for Ledger {
 #[derive(Clone, Copy)]
 pub struct Shared<'a> {
     db: &'a DB,
-    write: &'a WriteOptions,
     dir: &'a Path,
 }
 
@@ -291,10 +285,16 @@ impl<'a> Shared<'a> {
         }
     }
 
+    /// Writes without a write-ahead log: the database lives for one run, so a crash loses nothing
+    /// worth one. A stalled write is tried again, so each attempt gets its own copy of the batch.
     fn write(self, batch: WriteBatch) -> Result<()> {
-        self.db
-            .write_opt(batch, self.write)
-            .with_context(|| format!("cannot write to the work database in `{}`", self.dir.display()))
+        write_batch(
+            self.db,
+            false,
+            || Ok(WriteBatch::from_data(batch.data())),
+            anyhow::Error::new,
+        )
+        .with_context(|| format!("cannot write to the work database in `{}`", self.dir.display()))
     }
 }
 

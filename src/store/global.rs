@@ -5,8 +5,9 @@
 
 use super::codec::{self, CodecError};
 use super::env::StoreEnv;
+use super::error::StoreError;
 use super::lock::TaskLock;
-use super::task_store::StoreError;
+use super::write::write_batch;
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,13 +178,20 @@ impl GlobalMappings {
     /// Deletes every mapping and position and records `topic` as the source: before reading a
     /// topic from its start (a first start, another topic, or positions the topic no longer has).
     pub fn reset(&self, topic: &str) -> Result<(), StoreError> {
-        let mut batch = WriteBatch::default();
-        for item in self.db.iterator(IteratorMode::Start) {
-            let (key, _) = item.map_err(|e| self.rocks(e))?;
-            batch.delete(key);
-        }
-        batch.put(TOPIC, topic.as_bytes());
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        write_batch(
+            &self.db,
+            true,
+            || {
+                let mut batch = WriteBatch::default();
+                for item in self.db.iterator(IteratorMode::Start) {
+                    let (key, _) = item.map_err(|e| self.rocks(e))?;
+                    batch.delete(key);
+                }
+                batch.put(TOPIC, topic.as_bytes());
+                Ok(batch)
+            },
+            |e| StoreError::refused(&self.dir, e),
+        )?;
         if let Ok(mut c) = self.counts.lock() {
             *c = MappingCounts::default();
         }
@@ -192,6 +200,25 @@ impl GlobalMappings {
 
     /// Applies records of the mappings topic, and the position after each, in one batch.
     pub fn apply(&self, records: &[MappingRecord<'_>]) -> Result<(), StoreError> {
+        let mut counts = MappingCounts::default();
+        write_batch(
+            &self.db,
+            true,
+            || {
+                let (batch, after) = self.apply_batch(records)?;
+                counts = after;
+                Ok(batch)
+            },
+            |e| StoreError::refused(&self.dir, e),
+        )?;
+        if let Ok(mut c) = self.counts.lock() {
+            *c = counts;
+        }
+        Ok(())
+    }
+
+    /// The batch that applies `records`, and the counts once it is written.
+    fn apply_batch(&self, records: &[MappingRecord<'_>]) -> Result<(WriteBatch, MappingCounts), StoreError> {
         let mut counts = self.counts.lock().map(|c| *c).unwrap_or_default();
         let mut batch = WriteBatch::default();
         // Later records of the batch see earlier ones: the counts follow each write in turn.
@@ -218,11 +245,7 @@ impl GlobalMappings {
             written.insert(r.key, has);
             batch.put(position_key(r.partition), (r.offset + 1).to_be_bytes());
         }
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
-        if let Ok(mut c) = self.counts.lock() {
-            *c = counts;
-        }
-        Ok(())
+        Ok((batch, counts))
     }
 
     /// Marks the initial catch-up done.

@@ -2,9 +2,11 @@
 //! together with the changelog offsets, after the Kafka transaction has committed.
 
 use super::env::StoreEnv;
-use super::lock::{LockError, TaskLock};
+use super::error::StoreError;
+use super::lock::TaskLock;
 use super::published::Published;
 use super::recent::{Recent, Write, Writes, ENTRY_OVERHEAD};
+use super::write::write_batch;
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,63 +41,6 @@ pub struct StoreSize {
     pub keys: u64,
     /// Live SST files plus unflushed memtables, in bytes.
     pub bytes: u64,
-}
-
-/// A failure of the local store.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// RocksDB refused an operation.
-    #[error("state store at {path}: {source}; check the state directory is writable and not used by another instance")]
-    Rocks {
-        /// Task directory.
-        path: PathBuf,
-        /// RocksDB's error.
-        source: rocksdb::Error,
-    },
-    /// The task directory cannot be created.
-    #[error("state directory {path} cannot be created: {source}; set `state.dir` to a writable path")]
-    Io {
-        /// Task directory.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A column family that should exist is missing (the directory was tampered with).
-    #[error("state store at {0}: column family `{1}` is missing; delete the task directory to rebuild it from the changelog")]
-    MissingFamily(PathBuf, String),
-    /// The task directory is locked by another store.
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    /// The stored changelog offset is not 8 bytes.
-    #[error("state store at {0}: corrupt changelog offset for `{1}`; delete the task directory to rebuild it")]
-    CorruptOffset(PathBuf, String),
-    /// A stored value cannot be decoded (written by a newer tally, or damaged).
-    #[error("state store at {path}: value of `{key}`: {source}; delete the directory to rebuild it")]
-    CorruptValue {
-        /// Store directory.
-        path: PathBuf,
-        /// The key whose value is unreadable.
-        key: String,
-        /// What is wrong with it.
-        source: super::codec::CodecError,
-    },
-    /// A commit found store writes that were never taken for the changelog: written to
-    /// RocksDB they would be in the store but not in its changelog (a bug in tally).
-    #[error("state store at {0}: {1} store writes were never sent to the changelog; refusing to commit them")]
-    Unlogged(PathBuf, usize),
-}
-
-impl StoreError {
-    /// The directory of a database found damaged (RocksDB's checksums failed, or a stored
-    /// changelog offset is not one), when that is this failure: rebuilding it from its
-    /// changelog repairs it.
-    pub fn damaged_database(&self) -> Option<&Path> {
-        match self {
-            StoreError::Rocks { path, source } if source.kind() == rocksdb::ErrorKind::Corruption => Some(path),
-            StoreError::CorruptOffset(path, _) => Some(path),
-            _ => None,
-        }
-    }
 }
 
 /// Moves a database RocksDB reports corrupt to `<dir>.corrupt-<ms since the epoch>`, for an
@@ -288,6 +233,25 @@ impl TaskStore {
     /// After the Kafka commit: writes the overlay and each store's changelog offset in one batch.
     /// Refuses when writes of the transaction were never taken for the changelog.
     pub fn commit(&mut self, changelog_offsets: &[(usize, i64)]) -> Result<(), StoreError> {
+        write_batch(
+            &self.db,
+            true,
+            || self.commit_batch(changelog_offsets),
+            |e| StoreError::refused(&self.dir, e),
+        )?;
+        // A commit of an idle task wrote nothing: it keeps the recent values it has.
+        if self.overlays.iter().all(HashMap::is_empty) {
+            return Ok(());
+        }
+        // The next transaction likely writes as many keys: its maps start at that size.
+        let next = self.overlays.iter().map(|o| HashMap::with_capacity(o.len())).collect();
+        let committed = std::mem::replace(&mut self.overlays, next);
+        self.recent.push(committed, std::mem::take(&mut self.overlay_bytes));
+        Ok(())
+    }
+
+    /// The overlay and the changelog offsets as one batch, unless writes were never logged.
+    fn commit_batch(&self, changelog_offsets: &[(usize, i64)]) -> Result<WriteBatch, StoreError> {
         let mut batch = WriteBatch::default();
         let mut unlogged = 0;
         for (store, overlay) in self.overlays.iter().enumerate() {
@@ -307,16 +271,7 @@ impl TaskStore {
         for &(store, offset) in changelog_offsets {
             batch.put_cf(meta, offset_key(&self.names[store]), offset.to_be_bytes());
         }
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
-        // A commit of an idle task wrote nothing: it keeps the recent values it has.
-        if self.overlays.iter().all(HashMap::is_empty) {
-            return Ok(());
-        }
-        // The next transaction likely writes as many keys: its maps start at that size.
-        let next = self.overlays.iter().map(|o| HashMap::with_capacity(o.len())).collect();
-        let committed = std::mem::replace(&mut self.overlays, next);
-        self.recent.push(committed, std::mem::take(&mut self.overlay_bytes));
-        Ok(())
+        Ok(batch)
     }
 
     /// Drops every uncommitted write (the transaction was aborted).
@@ -358,13 +313,21 @@ impl TaskStore {
     /// Deletes every key and the changelog offset of a store (before a full restore).
     pub fn wipe(&mut self, store: usize) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
-        let mut batch = WriteBatch::default();
-        for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
-            let (key, _) = item.map_err(|e| self.rocks(e))?;
-            batch.delete_cf(cf, key);
-        }
-        batch.delete_cf(self.cf(META_CF)?, offset_key(&self.names[store]));
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        let meta = self.cf(META_CF)?;
+        write_batch(
+            &self.db,
+            true,
+            || {
+                let mut batch = WriteBatch::default();
+                for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
+                    let (key, _) = item.map_err(|e| self.rocks(e))?;
+                    batch.delete_cf(cf, key);
+                }
+                batch.delete_cf(meta, offset_key(&self.names[store]));
+                Ok(batch)
+            },
+            |e| StoreError::refused(&self.dir, e),
+        )?;
         self.overlays[store].clear();
         self.recent.forget(store);
         Ok(())
@@ -378,19 +341,23 @@ impl TaskStore {
         last_offset: i64,
     ) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
-        let mut batch = WriteBatch::default();
-        for (key, value) in records {
-            match value {
-                Some(v) => batch.put_cf(cf, key, v),
-                None => batch.delete_cf(cf, key),
-            }
-        }
-        batch.put_cf(
-            self.cf(META_CF)?,
-            offset_key(&self.names[store]),
-            last_offset.to_be_bytes(),
-        );
-        self.db.write(batch).map_err(|e| self.rocks(e))?;
+        let meta = self.cf(META_CF)?;
+        write_batch(
+            &self.db,
+            true,
+            || {
+                let mut batch = WriteBatch::default();
+                for (key, value) in records {
+                    match value {
+                        Some(v) => batch.put_cf(cf, key, v),
+                        None => batch.delete_cf(cf, key),
+                    }
+                }
+                batch.put_cf(meta, offset_key(&self.names[store]), last_offset.to_be_bytes());
+                Ok(batch)
+            },
+            |e| StoreError::refused(&self.dir, e),
+        )?;
         self.recent.forget(store);
         Ok(())
     }
