@@ -13,7 +13,12 @@ pub const DETAIL_HEADER: &str = "tally.error.detail";
 /// On a dead letter whose original payload did not fit: the payload's size in bytes (the
 /// original stays in the source topic at the `tally.source.*` coordinates).
 pub const PAYLOAD_OMITTED_HEADER: &str = "tally.error.payload_omitted";
-/// Source topic of an event (on dead letters, and on records crossing a repartition topic).
+/// Where an event came from, on records crossing a repartition topic:
+/// `<topic>/<partition>/<offset>` (a topic name cannot hold a `/`). One header, not three: each
+/// header is a name to write, send, store and parse again for every repartitioned record.
+pub const SOURCE_HEADER: &str = "tally.source";
+/// Source topic of an event, on dead letters (and on repartitioned records written before
+/// [`SOURCE_HEADER`], which are still read).
 pub const SOURCE_TOPIC_HEADER: &str = "tally.source.topic";
 /// Source partition of an event.
 pub const SOURCE_PARTITION_HEADER: &str = "tally.source.partition";

@@ -8,6 +8,7 @@ use rdkafka::message::{OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message};
 use std::time::Duration;
+use tally::demo::generator::GeneratedRecord;
 use tally::engine::headers;
 
 fn payment(i: usize) -> String {
@@ -275,4 +276,77 @@ fn a_dead_letter_of_the_second_stage_keeps_the_source_record_s_own_key() {
     assert!(dlq
         .iter()
         .all(|m| header(m, "tally.error.reason").as_deref() == Some("missing_key_field")));
+}
+
+#[test]
+fn the_repartition_topic_carries_the_source_in_one_header_and_records_in_the_older_form_are_still_read() {
+    let names = Names::new("source-header");
+    create_topics(&[(&names.input, 2), (&names.output, 2), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    produce(&names.input, &payments(0..10));
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    assert_eq!(read_committed(&names.output, 10, Duration::from_secs(90)).len(), 10);
+
+    let hop = format!("{}-payments-repartition", names.app);
+    let forwarded = read_committed(&hop, 10, Duration::from_secs(20));
+    assert_eq!(forwarded.len(), 10);
+    for m in &forwarded {
+        let source = header(m, "tally.source").expect("one header names the source");
+        let (place, offset) = source.rsplit_once('/').expect("<topic>/<partition>/<offset>");
+        let (topic, partition) = place.rsplit_once('/').expect("<topic>/<partition>/<offset>");
+        assert_eq!(topic, names.input);
+        assert!(
+            partition.parse::<i32>().is_ok() && offset.parse::<i64>().is_ok(),
+            "{source}"
+        );
+        assert_eq!(header(m, "tally.source.topic"), None, "not the older three headers");
+    }
+
+    // Invalid JSON reaches the repartition topic only from outside (the first stage refuses
+    // it), and the second stage dead-letters it with the place the headers carry: written by
+    // this tally, by one before `tally.source`, or unreadable (the record's own place then).
+    let record = |headers: &[(&str, String)]| GeneratedRecord {
+        key: b"P-9999".to_vec(),
+        payload: b"not json".to_vec(),
+        headers: headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+    };
+    produce(
+        &hop,
+        &[
+            record(&[("tally.source", format!("{}/1/888", names.input))]),
+            record(&[
+                ("tally.source.topic", names.input.clone()),
+                ("tally.source.partition", "0".into()),
+                ("tally.source.offset", "777".into()),
+            ]),
+            record(&[("tally.source", "no-slashes".into())]),
+        ],
+    );
+    let dlq = read_committed(&names.dlq, 3, Duration::from_secs(60));
+    tally.stop();
+    let mut places: Vec<(String, String, String)> = dlq
+        .iter()
+        .map(|m| {
+            let h = |name: &str| header(m, name).unwrap_or_default();
+            (
+                h("tally.source.topic"),
+                h("tally.source.partition"),
+                h("tally.source.offset"),
+            )
+        })
+        .collect();
+    places.sort();
+    let own = places
+        .iter()
+        .find(|p| p.0 == hop)
+        .cloned()
+        .expect("the unreadable one's own place");
+    let mut expected = vec![
+        (names.input.clone(), "0".to_string(), "777".to_string()),
+        (names.input.clone(), "1".to_string(), "888".to_string()),
+        own,
+    ];
+    expected.sort();
+    assert_eq!(places, expected);
 }

@@ -7,7 +7,7 @@ use crate::processors::{Decision, Processed, Reason, Rejection};
 use crate::store::Change;
 use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
 use crate::wire::{
-    DETAIL_HEADER, IDEMPOTENCY_KEY_HEADER, PAYLOAD_OMITTED_HEADER, PENDING_CREATE_HEADER, REASON_HEADER,
+    DETAIL_HEADER, IDEMPOTENCY_KEY_HEADER, PAYLOAD_OMITTED_HEADER, PENDING_CREATE_HEADER, REASON_HEADER, SOURCE_HEADER,
     SOURCE_KEY_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
 };
 use rdkafka::error::KafkaError;
@@ -80,45 +80,70 @@ impl SourcePlace {
     /// only tally writes), the one its headers carry. On a source topic the headers are anyone's
     /// to set, and must not spoof dead-letter coordinates or trace event ids.
     pub fn of(msg: &BorrowedMessage<'_>, trusted: bool) -> Self {
-        let (mut topic, mut partition, mut offset) = (None, None, None);
-        for h in headers::entries(msg).filter(|_| trusted) {
+        let carried = if trusted { Self::carried(msg) } else { None };
+        carried.unwrap_or_else(|| Self {
+            topic: msg.topic().to_string(),
+            partition: msg.partition().to_string(),
+            offset: msg.offset().to_string(),
+        })
+    }
+
+    /// The place a repartitioned record's headers carry: the `tally.source` header, or the three
+    /// `tally.source.*` headers of records written before it. The first occurrence of a header
+    /// decides, as for every header tally reads.
+    fn carried(msg: &BorrowedMessage<'_>) -> Option<Self> {
+        let (mut joined, mut topic, mut partition, mut offset) = (None, None, None, None);
+        for h in headers::entries(msg) {
             let slot = match h.name {
+                n if n == SOURCE_HEADER.as_bytes() => &mut joined,
                 n if n == SOURCE_TOPIC_HEADER.as_bytes() => &mut topic,
                 n if n == SOURCE_PARTITION_HEADER.as_bytes() => &mut partition,
                 n if n == SOURCE_OFFSET_HEADER.as_bytes() => &mut offset,
                 _ => continue,
             };
-            // The first occurrence decides, as for every header tally reads.
             if slot.is_none() {
                 *slot = Some(h.value.and_then(|v| std::str::from_utf8(v).ok()));
             }
         }
-        match (topic.flatten(), partition.flatten(), offset.flatten()) {
-            (Some(t), Some(p), Some(o)) => Self {
-                topic: t.into(),
-                partition: p.into(),
-                offset: o.into(),
-            },
-            _ => Self {
-                topic: msg.topic().to_string(),
-                partition: msg.partition().to_string(),
-                offset: msg.offset().to_string(),
-            },
+        if let Some(joined) = joined.flatten() {
+            let mut parts = joined.rsplitn(3, '/');
+            let (offset, partition, topic) = (parts.next()?, parts.next()?, parts.next()?);
+            return Some(Self {
+                topic: topic.into(),
+                partition: partition.into(),
+                offset: offset.into(),
+            });
         }
+        Some(Self {
+            topic: topic.flatten()?.into(),
+            partition: partition.flatten()?.into(),
+            offset: offset.flatten()?.into(),
+        })
     }
 
-    /// The event id of trace records: `<topic>/<partition>/<offset>`.
+    /// The event id of trace records: `<topic>/<partition>/<offset>`, also the value of the
+    /// `tally.source` header that carries the place across a repartition topic.
     pub fn event_id(&self) -> String {
-        format!("{}/{}/{}", self.topic, self.partition, self.offset)
+        event_id(&self.topic, &self.partition, &self.offset)
     }
 
-    /// The headers that carry this place across a repartition topic.
-    pub fn headers(&self, headers: OwnedHeaders) -> OwnedHeaders {
+    /// The event id of a record read from its source topic (its own place), without the place.
+    pub fn own_event_id(msg: &BorrowedMessage<'_>) -> String {
+        event_id(msg.topic(), msg.partition(), msg.offset())
+    }
+
+    /// The headers that give a dead letter its source's coordinates.
+    fn dead_letter_headers(&self, headers: OwnedHeaders) -> OwnedHeaders {
         headers
             .insert(header(SOURCE_TOPIC_HEADER, &self.topic))
             .insert(header(SOURCE_PARTITION_HEADER, &self.partition))
             .insert(header(SOURCE_OFFSET_HEADER, &self.offset))
     }
+}
+
+/// `<topic>/<partition>/<offset>`.
+fn event_id(topic: &str, partition: impl std::fmt::Display, offset: impl std::fmt::Display) -> String {
+    format!("{topic}/{partition}/{offset}")
 }
 
 /// A task's sinks and the counts of its open transaction.
@@ -316,7 +341,7 @@ impl Emitter {
             None => detail.as_str(),
         };
         let ours = |copied: OwnedHeaders| {
-            place.headers(
+            place.dead_letter_headers(
                 copied
                     .insert(header(&self.correlation_header, &processed.correlation_id))
                     .insert(header(REASON_HEADER, reason.as_str()))

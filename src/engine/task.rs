@@ -1,7 +1,7 @@
 //! A task: one partition of a consumed topic and the work done on it inside the stream
 //! thread's transaction; here the pipeline task (a pipeline stage and its stores).
 
-use super::emit::{now_ms, Counts, Emitter, ProcessError, SourcePlace};
+use super::emit::{header, now_ms, Counts, Emitter, ProcessError, SourcePlace};
 use super::errors::EngineError;
 use super::faults::{self, Point};
 use super::headers;
@@ -14,7 +14,7 @@ use crate::processors::{Input, PipelineProcessor, Reason, Rejection};
 use crate::store::{StoreError, TaskStore};
 use crate::topology::StoreKind;
 use crate::trace::{Level, Outcome, Status, TraceSink};
-use crate::wire::SOURCE_KEY_HEADER;
+use crate::wire::{SOURCE_HEADER, SOURCE_KEY_HEADER};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
@@ -245,12 +245,12 @@ impl Task for PipelineTask {
                 // Correlation ids and event ids are only worked out when a trace record needs them.
                 let traced = emit.trace.is_some();
                 let rekeyed = self.processor.rekey(&input, traced);
-                let place = SourcePlace::of(msg, false);
                 let corr = match &rekeyed {
                     Ok(r) => r.correlation_id.as_deref().unwrap_or_default(),
                     Err(rejected) => &rejected.correlation_id,
                 };
-                let event_id = if traced { place.event_id() } else { String::new() };
+                // Also the `tally.source` header of the record sent on.
+                let event_id = SourcePlace::own_event_id(msg);
                 emit.trace(producer, &event_id, None, corr, Status::Received, None)?;
                 match &rekeyed {
                     Ok(r) => {
@@ -261,7 +261,7 @@ impl Task for PipelineTask {
                             key: Some(r.key.as_bytes()),
                             payload: msg.payload(),
                             headers: Some(headers::add(
-                                place.headers(headers::copy_except(msg, "")),
+                                headers::copy_except(msg, "").insert(header(SOURCE_HEADER, &event_id)),
                                 SOURCE_KEY_HEADER.as_bytes(),
                                 msg.key(),
                             )),
@@ -270,7 +270,7 @@ impl Task for PipelineTask {
                         emit.counts.repartitioned += 1;
                     }
                     Err(rejected) => {
-                        emit.dead_letter(producer, msg, &place, rejected)?;
+                        emit.dead_letter(producer, msg, &SourcePlace::of(msg, false), rejected)?;
                         emit.trace(
                             producer,
                             &event_id,

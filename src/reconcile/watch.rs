@@ -8,12 +8,12 @@
 //! offset not yet reported, the record tally waits at and since when, and a few (end offset,
 //! time) marks that bound when a record was appended whatever its producer stamped on it.
 
+use crate::engine::emit::SourcePlace;
 use crate::engine::headers;
 use crate::engine::{clients, errors};
 use crate::processors::correlation;
 use crate::store::{codec, TaskStore};
 use crate::topology::{Topology, Watch, WatchedTopic};
-use crate::wire::{SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER};
 use anyhow::{Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -405,20 +405,12 @@ fn read(consumer: &BaseConsumer, ctx: &PartitionScan<'_>, from: i64, max: usize)
 }
 
 impl ReadRecord {
-    /// The record `m` of `watched`. Its `tally.source.*` headers name the event only on a
+    /// The record `m` of `watched`. Its `tally.source` headers name the event only on a
     /// repartition topic, where tally wrote them: on a source topic they are anyone's to set.
     fn of(m: &BorrowedMessage<'_>, watched: &WatchedTopic) -> Self {
         let pipeline = &watched.pipeline;
         let text = |name: &str| headers::text(m, name);
-        let source = match (
-            text(SOURCE_TOPIC_HEADER),
-            text(SOURCE_PARTITION_HEADER),
-            text(SOURCE_OFFSET_HEADER),
-        ) {
-            (Some(t), Some(p), Some(o)) if watched.repartitioned => Some(format!("{t}/{p}/{o}")),
-            _ => None,
-        };
-        let event_id = source.unwrap_or_else(|| format!("{}/{}/{}", m.topic(), m.partition(), m.offset()));
+        let event_id = SourcePlace::of(m, watched.repartitioned).event_id();
         let doc = m
             .payload()
             .filter(|p| p.len() <= MAX_PARSED_BYTES)
