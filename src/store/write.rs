@@ -6,6 +6,9 @@
 //! never told, so the stream thread hung silently on a full state volume. Tally writes with
 //! `no_slowdown` instead and waits between attempts itself: the next attempt meets the stopped
 //! database and returns the flush's error, and a stall that outlasts [`STALL_LIMIT`] is one.
+//! Where RocksDB would only slow writes down (too many files waiting for compaction), tally
+//! waits the same way until they may go at full speed again, which leaves the compaction the
+//! disk instead of pacing writes beside it.
 
 use rocksdb::{ErrorKind, WriteBatch, WriteOptions, DB};
 use std::time::{Duration, Instant};
