@@ -242,7 +242,7 @@ impl Task for PipelineTask {
         match &mut self.work {
             Work::Repartition { topic } => {
                 emit.counts.records_in += 1;
-                // Correlation ids and event ids are only worked out when a trace record needs them.
+                // Correlation ids are only worked out when a trace record needs them.
                 let traced = emit.trace.is_some();
                 let rekeyed = self.processor.rekey(&input, traced);
                 let corr = match &rekeyed {

@@ -25,7 +25,7 @@ const MAX_PAUSE: Duration = Duration::from_millis(50);
 pub enum WriteError {
     /// RocksDB refused the batch.
     #[error(transparent)]
-    Rocks(#[from] rocksdb::Error),
+    Rocks(rocksdb::Error),
     /// Writes stalled for longer than [`STALL_LIMIT`].
     #[error(
         "RocksDB has refused writes for {} s ({background_errors} background errors since it opened: a flush or \
