@@ -7,7 +7,7 @@ use super::codec::{self, CodecError};
 use super::env::StoreEnv;
 use super::error::StoreError;
 use super::lock::TaskLock;
-use super::write::write_batch;
+use super::write::write_store_batch;
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,20 +178,15 @@ impl GlobalMappings {
     /// Deletes every mapping and position and records `topic` as the source: before reading a
     /// topic from its start (a first start, another topic, or positions the topic no longer has).
     pub fn reset(&self, topic: &str) -> Result<(), StoreError> {
-        write_batch(
-            &self.db,
-            true,
-            || {
-                let mut batch = WriteBatch::default();
-                for item in self.db.iterator(IteratorMode::Start) {
-                    let (key, _) = item.map_err(|e| self.rocks(e))?;
-                    batch.delete(key);
-                }
-                batch.put(TOPIC, topic.as_bytes());
-                Ok(batch)
-            },
-            |e| StoreError::refused(&self.dir, e),
-        )?;
+        write_store_batch(&self.db, &self.dir, || {
+            let mut batch = WriteBatch::default();
+            for item in self.db.iterator(IteratorMode::Start) {
+                let (key, _) = item.map_err(|e| self.rocks(e))?;
+                batch.delete(key);
+            }
+            batch.put(TOPIC, topic.as_bytes());
+            Ok(batch)
+        })?;
         if let Ok(mut c) = self.counts.lock() {
             *c = MappingCounts::default();
         }
@@ -201,16 +196,11 @@ impl GlobalMappings {
     /// Applies records of the mappings topic, and the position after each, in one batch.
     pub fn apply(&self, records: &[MappingRecord<'_>]) -> Result<(), StoreError> {
         let mut counts = MappingCounts::default();
-        write_batch(
-            &self.db,
-            true,
-            || {
-                let (batch, after) = self.apply_batch(records)?;
-                counts = after;
-                Ok(batch)
-            },
-            |e| StoreError::refused(&self.dir, e),
-        )?;
+        write_store_batch(&self.db, &self.dir, || {
+            let (batch, after) = self.apply_batch(records)?;
+            counts = after;
+            Ok(batch)
+        })?;
         if let Ok(mut c) = self.counts.lock() {
             *c = counts;
         }

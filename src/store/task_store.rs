@@ -6,7 +6,7 @@ use super::error::StoreError;
 use super::lock::TaskLock;
 use super::published::Published;
 use super::recent::{Recent, Write, Writes, ENTRY_OVERHEAD};
-use super::write::write_batch;
+use super::write::write_store_batch;
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -233,12 +233,7 @@ impl TaskStore {
     /// After the Kafka commit: writes the overlay and each store's changelog offset in one batch.
     /// Refuses when writes of the transaction were never taken for the changelog.
     pub fn commit(&mut self, changelog_offsets: &[(usize, i64)]) -> Result<(), StoreError> {
-        write_batch(
-            &self.db,
-            true,
-            || self.commit_batch(changelog_offsets),
-            |e| StoreError::refused(&self.dir, e),
-        )?;
+        write_store_batch(&self.db, &self.dir, || self.commit_batch(changelog_offsets))?;
         // A commit of an idle task wrote nothing: it keeps the recent values it has.
         if self.overlays.iter().all(HashMap::is_empty) {
             return Ok(());
@@ -314,20 +309,15 @@ impl TaskStore {
     pub fn wipe(&mut self, store: usize) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
         let meta = self.cf(META_CF)?;
-        write_batch(
-            &self.db,
-            true,
-            || {
-                let mut batch = WriteBatch::default();
-                for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
-                    let (key, _) = item.map_err(|e| self.rocks(e))?;
-                    batch.delete_cf(cf, key);
-                }
-                batch.delete_cf(meta, offset_key(&self.names[store]));
-                Ok(batch)
-            },
-            |e| StoreError::refused(&self.dir, e),
-        )?;
+        write_store_batch(&self.db, &self.dir, || {
+            let mut batch = WriteBatch::default();
+            for item in self.db.iterator_cf(cf, IteratorMode::From(&[], Direction::Forward)) {
+                let (key, _) = item.map_err(|e| self.rocks(e))?;
+                batch.delete_cf(cf, key);
+            }
+            batch.delete_cf(meta, offset_key(&self.names[store]));
+            Ok(batch)
+        })?;
         self.overlays[store].clear();
         self.recent.forget(store);
         Ok(())
@@ -342,22 +332,17 @@ impl TaskStore {
     ) -> Result<(), StoreError> {
         let cf = self.cf(&self.names[store])?;
         let meta = self.cf(META_CF)?;
-        write_batch(
-            &self.db,
-            true,
-            || {
-                let mut batch = WriteBatch::default();
-                for (key, value) in records {
-                    match value {
-                        Some(v) => batch.put_cf(cf, key, v),
-                        None => batch.delete_cf(cf, key),
-                    }
+        write_store_batch(&self.db, &self.dir, || {
+            let mut batch = WriteBatch::default();
+            for (key, value) in records {
+                match value {
+                    Some(v) => batch.put_cf(cf, key, v),
+                    None => batch.delete_cf(cf, key),
                 }
-                batch.put_cf(meta, offset_key(&self.names[store]), last_offset.to_be_bytes());
-                Ok(batch)
-            },
-            |e| StoreError::refused(&self.dir, e),
-        )?;
+            }
+            batch.put_cf(meta, offset_key(&self.names[store]), last_offset.to_be_bytes());
+            Ok(batch)
+        })?;
         self.recent.forget(store);
         Ok(())
     }

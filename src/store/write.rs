@@ -10,7 +10,9 @@
 //! waits the same way until they may go at full speed again, which leaves the compaction the
 //! disk instead of pacing writes beside it.
 
+use super::error::StoreError;
 use rocksdb::{ErrorKind, WriteBatch, WriteOptions, DB};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// How long writes may stall before tally gives up on the database: far beyond any flush a
@@ -74,4 +76,13 @@ pub fn write_batch<E>(
         };
         return Err(refused(error));
     }
+}
+
+/// [`write_batch`] of a store's database at `dir`, with its write-ahead log.
+pub(super) fn write_store_batch(
+    db: &DB,
+    dir: &Path,
+    build: impl FnMut() -> Result<WriteBatch, StoreError>,
+) -> Result<(), StoreError> {
+    write_batch(db, true, build, |e| StoreError::refused(dir, e))
 }
