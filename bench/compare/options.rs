@@ -16,6 +16,9 @@ pub struct Options {
     /// Back-to-back runs of each ceiling per round, the median kept (`TALLY_BENCH_CEILING_REPEATS`,
     /// 3), against the jitter of a shared machine.
     pub ceiling_repeats: usize,
+    /// Uncounted rounds of the first workload before its measured ones
+    /// (`TALLY_BENCH_WARMUP_ROUNDS`, 1): a broker just started runs its first minute slower.
+    pub warmup_rounds: usize,
     /// Input records a ceiling run reads at least (`TALLY_BENCH_CEILING_RECORDS`, 1000000): it
     /// reads the preloaded input as many times as that takes, so its window lasts seconds.
     pub ceiling_records: usize,
@@ -179,6 +182,7 @@ impl Options {
             records: number("TALLY_BENCH_RECORDS", 200_000)?,
             runs,
             ceiling_repeats,
+            warmup_rounds: number("TALLY_BENCH_WARMUP_ROUNDS", 1)?,
             ceiling_records: number("TALLY_BENCH_CEILING_RECORDS", 1_000_000)?,
             partitions: number("TALLY_BENCH_PARTITIONS", 3)?,
             workloads,

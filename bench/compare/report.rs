@@ -80,6 +80,17 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
         int(o.ceiling_records as f64),
         o.ceiling_repeats
     );
+    if o.warmup_rounds > 0 {
+        let _ = writeln!(
+            w,
+            "- Warm-up: before the first workload's measured rounds, every contender drained it {} \
+             time(s) more, not counted (`TALLY_BENCH_WARMUP_ROUNDS`): on a broker just started, \
+             the first round ran slower for every contender (at 99d6fb0 the ceiling 378k records/s \
+             against 506–662k in the next two rounds, tally 52.7k against 82–100k), and later \
+             workloads find the broker warm.",
+            o.warmup_rounds
+        );
+    }
     let _ = writeln!(w, "\n{}", METHOD.trim_start());
     throughput(w, r);
     costs(w, r);

@@ -128,8 +128,9 @@ pub fn run(o: &Options, programs: &Programs, log_dir: &Path) -> Results {
         scale: None,
         failures: Vec::new(),
     };
-    for w in &o.workloads {
-        match workload(o, w, &tag, programs, log_dir, &mut results.failures) {
+    for (i, w) in o.workloads.iter().enumerate() {
+        let warmup = if i == 0 { o.warmup_rounds } else { 0 };
+        match workload(o, w, warmup, &tag, programs, log_dir, &mut results.failures) {
             Ok(r) => results.workloads.push(r),
             Err(e) => results.failures.push(format!("{}: {e:#}", w.name)),
         }
@@ -151,9 +152,11 @@ pub fn run(o: &Options, programs: &Programs, log_dir: &Path) -> Results {
     results
 }
 
+/// Drains `w` `o.runs` times per contender, interleaved, after `warmup` uncounted rounds.
 fn workload(
     o: &Options,
     w: &Workload,
+    warmup: usize,
     tag: &str,
     programs: &Programs,
     log_dir: &Path,
@@ -182,6 +185,24 @@ fn workload(
         ceiling_passes: o.ceiling_records.div_ceil(generated.records.len().max(1)).max(1),
     };
     drop(generated);
+    for r in 0..warmup {
+        for &c in &o.contenders {
+            let id = format!("{tag}-{}-{}-warmup{r}", w.name, c.name());
+            match drain::run(c, &d, &id, programs, log_dir) {
+                Ok(s) => eprintln!(
+                    "bench: {} warm-up {} {} (not counted): {:.0} records/s, {}/{} outputs",
+                    w.name,
+                    r + 1,
+                    c.name(),
+                    s.throughput,
+                    s.outputs,
+                    s.expected
+                ),
+                // A contender that cannot drain its first workload fails its runs the same way.
+                Err(e) => failures.push(format!("{} warm-up {} {}: {e:#}", w.name, r + 1, c.name())),
+            }
+        }
+    }
     let mut samples = Vec::new();
     for r in 0..o.runs {
         for &c in &o.contenders {
