@@ -80,16 +80,8 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
         int(o.ceiling_records as f64),
         o.ceiling_repeats
     );
-    if o.warmup_rounds > 0 {
-        let _ = writeln!(
-            w,
-            "- Warm-up: before the first workload's measured rounds, every contender drained it {} \
-             time(s) more, not counted (`TALLY_BENCH_WARMUP_ROUNDS`): on a broker just started, \
-             the first round ran slower for every contender (at 99d6fb0 the ceiling 378k records/s \
-             against 506–662k in the next two rounds, tally 52.7k against 82–100k), and later \
-             workloads find the broker warm.",
-            o.warmup_rounds
-        );
+    if let Some(first) = r.workloads.first().filter(|f| !f.warmup.is_empty()) {
+        warmup_note(w, o.warmup_rounds, first);
     }
     let _ = writeln!(w, "\n{}", METHOD.trim_start());
     throughput(w, r);
@@ -107,6 +99,33 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
         }
     }
     s
+}
+
+/// The header line on the uncounted warm-up rounds, their throughput beside the measured
+/// rounds' of the same contender, so the report shows what a cold broker costs.
+fn warmup_note(w: &mut String, rounds: usize, first: &WorkloadResult) {
+    let per_contender: Vec<String> = first
+        .warmup
+        .iter()
+        .map(|s| {
+            let measured: Vec<String> = first.of(s.contender).into_iter().map(|m| int(m.throughput)).collect();
+            format!(
+                "{} {} (then {})",
+                s.contender.name(),
+                int(s.throughput),
+                measured.join(" / ")
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        w,
+        "- Warm-up: before its measured rounds, every contender drained the first workload ({}) {} \
+         more time(s), not counted (`TALLY_BENCH_WARMUP_ROUNDS`), as the broker has just started; \
+         records/s of those drains (then of the measured rounds): {}",
+        first.workload.name,
+        rounds,
+        per_contender.join("; ")
+    );
 }
 
 const METHOD: &str = r#"

@@ -21,6 +21,8 @@ pub struct WorkloadResult {
     pub expected_outputs: usize,
     /// Every successful run of every contender.
     pub samples: Vec<Sample>,
+    /// The uncounted warm-up runs before them, in run order.
+    pub warmup: Vec<Sample>,
 }
 
 impl WorkloadResult {
@@ -185,20 +187,24 @@ fn workload(
         ceiling_passes: o.ceiling_records.div_ceil(generated.records.len().max(1)).max(1),
     };
     drop(generated);
+    let mut warmup_samples = Vec::new();
     for r in 0..warmup {
         for &c in &o.contenders {
             let id = format!("{tag}-{}-{}-warmup{r}", w.name, c.name());
             match drain::run(c, &d, &id, programs, log_dir) {
-                Ok(s) => eprintln!(
-                    "bench: {} warm-up {} {} (not counted): {:.0} records/s, {}/{} outputs",
-                    w.name,
-                    r + 1,
-                    c.name(),
-                    s.throughput,
-                    s.outputs,
-                    s.expected
-                ),
-                // A contender that cannot drain its first workload fails its runs the same way.
+                Ok(s) => {
+                    eprintln!(
+                        "bench: {} warm-up {} {} (not counted): {:.0} records/s, {}/{} outputs",
+                        w.name,
+                        r + 1,
+                        c.name(),
+                        s.throughput,
+                        s.outputs,
+                        s.expected
+                    );
+                    warmup_samples.push(s);
+                }
+                // Reported like a failed run: a contender that cannot drain at all is news.
                 Err(e) => failures.push(format!("{} warm-up {} {}: {e:#}", w.name, r + 1, c.name())),
             }
         }
@@ -237,6 +243,7 @@ fn workload(
         workload: w.clone(),
         expected_outputs: d.expected_outputs,
         samples,
+        warmup: warmup_samples,
     })
 }
 
