@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tally::commands;
+use tally::engine::routing::OnChange;
 
 /// Exactly-once deduplication of Kafka integration events by business idempotency key.
 #[derive(Parser)]
@@ -30,6 +31,11 @@ enum Command {
         /// Serve /metrics, /health/live and /health/ready on this address (e.g. 127.0.0.1:9464).
         #[arg(long, env = "TALLY_HTTP_ADDRESS")]
         http_address: Option<std::net::SocketAddr>,
+        /// Start even though a pipeline routes records to tasks differently than when its state
+        /// was built (copies of events processed before may pass once more); stop every
+        /// instance first.
+        #[arg(long)]
+        accept_routing_change: bool,
     },
     /// Check topology files and list every problem with its line and column.
     Validate {
@@ -126,9 +132,15 @@ fn main() -> ExitCode {
             topology,
             instance_id,
             http_address,
+            accept_routing_change,
         } => {
             let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
-            commands::run::run(&topology, &id, http_address).map(|()| true)
+            let on_change = if accept_routing_change {
+                OnChange::Accept
+            } else {
+                OnChange::Refuse
+            };
+            commands::run::run(&topology, &id, http_address, on_change).map(|()| true)
         }
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
         Command::Schema => {

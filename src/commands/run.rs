@@ -3,6 +3,7 @@
 
 use crate::config;
 use crate::engine::health::Health;
+use crate::engine::routing::OnChange;
 use crate::engine::{self, Shutdown};
 use crate::metrics::{Metrics, Totals};
 use crate::reconcile::live::LiveReconciler;
@@ -15,7 +16,13 @@ use std::time::Duration;
 
 /// Loads and runs a topology file as `instance_id`, serving `/metrics` and health on
 /// `http_address` when given.
-pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
+/// `on_routing_change` says what to do when a pipeline's routing differs from its state's.
+pub fn run(
+    path: &Path,
+    instance_id: &str,
+    http_address: Option<SocketAddr>,
+    on_routing_change: OnChange,
+) -> Result<()> {
     let topology = config::load_file(path)?;
     if topology
         .reconcile
@@ -26,7 +33,7 @@ pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> 
             "`reconcile.run: separately`: this instance runs no reconciler; deploy `tally reconcile live` with the same topology"
         );
     }
-    run_topology(Arc::new(topology), instance_id, http_address)
+    run_topology(Arc::new(topology), instance_id, http_address, on_routing_change)
 }
 
 /// Runs the live reconciler of a topology file as its own application (`reconcile.run:
@@ -34,10 +41,15 @@ pub fn run(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> 
 pub fn reconcile_live(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
     let topology = config::load_file(path)?;
     let view = topology.reconciler_view().map_err(|why| anyhow!("{why}"))?;
-    run_topology(Arc::new(view), instance_id, http_address)
+    run_topology(Arc::new(view), instance_id, http_address, OnChange::Refuse)
 }
 
-fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
+fn run_topology(
+    topology: Arc<Topology>,
+    instance_id: &str,
+    http_address: Option<SocketAddr>,
+    on_routing_change: OnChange,
+) -> Result<()> {
     let metrics = Arc::new(Metrics::new(&topology.application_id).context("registering metrics")?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -89,6 +101,7 @@ fn run_topology(topology: Arc<Topology>, instance_id: &str, http_address: Option
             topology.clone(),
             instance_id,
             engine::Cluster::Kafka,
+            on_routing_change,
             Arc::new(LiveReconciler),
             metrics.clone(),
             health.clone(),

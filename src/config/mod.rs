@@ -105,6 +105,16 @@ mod tests {
         );
         let member = problems(&topology("app", "p", "", "group.instance.id: x"));
         assert!(member.iter().any(|p| p.contains("group.instance.id")), "{member:?}");
+        for scattering in ["random", "murmur3"] {
+            let found = problems(&topology("app", "p", "", &format!("partitioner: {scattering}")));
+            assert!(
+                found
+                    .iter()
+                    .any(|p| p.contains("t.yaml:2:") && p.contains(scattering) && p.contains("murmur2_random")),
+                "{scattering}: {found:?}"
+            );
+        }
+        assert!(problems(&topology("app", "p", "", "partitioner: murmur2_random")).is_empty());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use super::diagnostics::Collector;
 use super::raw::{RawTopology, Text};
+use crate::topology::partitioner::Partitioner;
 use crate::topology::{GroupProtocol, IdMapping, KafkaSettings, Processing, Source, Strategy, Topology, TraceSettings};
 use crate::trace::Level;
 use serde_saphyr::{Location, Spanned};
@@ -28,6 +29,9 @@ const RESERVED_PROPERTIES: &[&str] = &[
     // Forced off: a changelog deleted while tally runs must not come back uncompacted.
     "allow.auto.create.topics",
 ];
+
+/// The librdkafka property choosing how tally's producers partition keyed records.
+const PARTITIONER: &str = "partitioner";
 
 /// librdkafka's `transaction.timeout.ms` as tally sets it, unless `kafka.properties` does.
 const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
@@ -56,6 +60,21 @@ pub fn validate(raw: RawTopology, c: &mut Collector) -> Option<Topology> {
                 } else {
                     properties.insert(name, value.value.to_property());
                 }
+            }
+            let unknown = (Partitioner::of(&properties) == Partitioner::Unknown)
+                .then(|| properties.get(PARTITIONER).zip(property_at.get(PARTITIONER)))
+                .flatten();
+            if let Some((name, &at)) = unknown {
+                let known: Vec<&str> = Partitioner::PROPERTY_VALUES.iter().map(|(n, _)| *n).collect();
+                c.at_loc(
+                    at,
+                    format!(
+                        "kafka property `partitioner` is `{name}`, which does not send every record of a key to one \
+                         partition: the repartition hop would scatter an event's copies over tasks and duplicates \
+                         would pass; use one of {} (or remove it: `consistent_random`)",
+                        known.join(", ")
+                    ),
+                );
             }
             bootstrap.map(|b| KafkaSettings {
                 bootstrap_servers: b.value,

@@ -99,6 +99,7 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
             topology.clone(),
             "demo",
             engine::Cluster::Mock,
+            engine::routing::OnChange::Refuse,
             Arc::new(crate::reconcile::live::LiveReconciler),
             metrics.clone(),
             Arc::new(Health::default()),

@@ -76,6 +76,9 @@ pub fn prepare_topics(t: &Topology, rt: &Handle) -> Result<BTreeMap<String, i32>
     if let Some(m) = &t.id_mapping {
         ensure_internal(&admin, rt, &m.topic, m.partitions, &[("cleanup.policy", "compact")])?;
     }
+    if super::routing::has_state(t) {
+        ensure_internal(&admin, rt, &t.routing_topic(), 1, &[("cleanup.policy", "compact")])?;
+    }
     // Sink topics are the user's: tally checks them rather than let a transaction fail later.
     let mut sinks: Vec<(&str, String)> = t
         .pipelines

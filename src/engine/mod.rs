@@ -18,6 +18,7 @@ pub mod membership;
 pub mod producer;
 pub mod purge;
 pub mod restore;
+pub mod routing;
 pub mod stable_end;
 pub mod standby;
 pub mod stream_thread;
@@ -79,6 +80,7 @@ pub async fn run(
     topology: Arc<Topology>,
     instance_id: &str,
     cluster: Cluster,
+    on_routing_change: routing::OnChange,
     hosted: Arc<dyn hosted::HostedTasks>,
     metrics: Arc<Metrics>,
     health: Arc<health::Health>,
@@ -97,6 +99,7 @@ pub async fn run(
             credentials::probe(&clients::base(&t), "`kafka.properties`", admin::METADATA_TIMEOUT)?;
             let partitions = admin::prepare_topics(&t, &rt)?;
             former_hop::check(&t)?;
+            routing::check(&t, &partitions, on_routing_change)?;
             let (limit, by) = match cluster {
                 Cluster::Kafka => admin::write_limit(&t, &rt),
                 Cluster::Mock => admin::producer_limit(&t),

@@ -49,6 +49,7 @@ pub fn plan(t: &Topology) -> Result<Plan> {
         .context("cannot list the cluster's topics")?;
     let existing: Vec<&str> = metadata.topics().iter().map(|m| m.name()).collect();
     let mut internal = t.changelog_topics();
+    internal.push(t.routing_topic());
     internal.extend(
         t.pipelines
             .iter()

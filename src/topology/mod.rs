@@ -435,6 +435,12 @@ impl Topology {
         format!("{}-{}-changelog", self.application_id, store)
     }
 
+    /// The compacted topic recording how each pipeline routes records to its tasks
+    /// (`engine::routing`): `<application_id>-routing`.
+    pub fn routing_topic(&self) -> String {
+        format!("{}-routing", self.application_id)
+    }
+
     /// Every changelog topic: each pipeline's stores, then the reconciler's.
     pub fn changelog_topics(&self) -> Vec<String> {
         let mut topics: Vec<String> = self

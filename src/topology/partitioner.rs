@@ -21,16 +21,25 @@ pub enum Partitioner {
 impl Partitioner {
     /// The partitioner tally's producers use with these client properties.
     pub fn of(properties: &BTreeMap<String, String>) -> Self {
-        match properties
+        let value = properties
             .get("partitioner")
-            .map_or("consistent_random", String::as_str)
-        {
-            "consistent" | "consistent_random" => Self::Crc32,
-            "murmur2" | "murmur2_random" => Self::Murmur2,
-            "fnv1a" | "fnv1a_random" => Self::Fnv1a,
-            _ => Self::Unknown,
-        }
+            .map_or("consistent_random", String::as_str);
+        Self::PROPERTY_VALUES
+            .iter()
+            .find(|(name, _)| *name == value)
+            .map_or(Self::Unknown, |(_, p)| *p)
     }
+
+    /// The values of librdkafka's `partitioner` that are a function of the key (the `_random`
+    /// ones only place records without a key at random), with the hash each uses.
+    pub const PROPERTY_VALUES: [(&'static str, Partitioner); 6] = [
+        ("consistent_random", Partitioner::Crc32),
+        ("consistent", Partitioner::Crc32),
+        ("murmur2_random", Partitioner::Murmur2),
+        ("murmur2", Partitioner::Murmur2),
+        ("fnv1a_random", Partitioner::Fnv1a),
+        ("fnv1a", Partitioner::Fnv1a),
+    ];
 
     /// The names `co_partitioned` takes, with who uses each.
     pub const NAMED: [(&'static str, Partitioner, &'static str); 3] = [

@@ -1,0 +1,249 @@
+//! The routing guard. A pipeline's state for a key lives in the task its records are routed to:
+//! the partition the repartition key hashes to (or the source's own partition). A restart that
+//! routes differently (another `partitioner` in `kafka.properties`, another `repartition.key`,
+//! a switch to `co_partitioned` with another partitioner, a changed partition count) would
+//! send a key's next copies to a task that has never seen it, and duplicates would pass. Each
+//! pipeline's routing is recorded in the compacted topic `<application_id>-routing`; a start
+//! whose routing differs is refused unless the operator accepts the change.
+
+use super::admin::METADATA_TIMEOUT;
+use super::clients;
+use crate::store::codec;
+use crate::topology::partitioner::Partitioner;
+use crate::topology::{Pipeline, Topology};
+use anyhow::{bail, Context, Result};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The longest the guard reads the routing topic or waits for its write.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// What a start does when a pipeline's routing differs from the recorded one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChange {
+    /// Refuse to start, saying what changed and how to go on.
+    Refuse,
+    /// Record the new routing and start (`tally run --accept-routing-change`).
+    Accept,
+}
+
+/// The record kept per pipeline (key: the pipeline's name).
+#[derive(Debug, Serialize, Deserialize)]
+struct Recorded {
+    /// [`describe`] of the pipeline when it was recorded.
+    routing: String,
+}
+
+/// How `p`'s records find their task, in words; two routings are the same when the words are.
+/// `partitions` is the partition count of the topic its stateful part reads.
+pub fn describe(t: &Topology, p: &Pipeline, partitions: i32) -> String {
+    let hashed = |key: &dyn std::fmt::Display, by: Partitioner| {
+        format!(
+            "records keyed by `{key}`, hashed with {} over {partitions} partitions",
+            by.name()
+        )
+    };
+    match (&p.co_partitioned, &p.repartition) {
+        (Some(co), _) => hashed(&co.key, co.partitioner),
+        (None, Some(r)) => hashed(&r.key, Partitioner::of(&t.kafka.properties)),
+        (None, None) => format!(
+            "the partitions of source topic `{}` as its producers wrote them ({partitions} partitions)",
+            p.input_topic
+        ),
+    }
+}
+
+/// Compares every stateful pipeline's routing with the recorded one and records it where none
+/// is. `partitions` holds the partition count of each pipeline's source (`prepare_topics`).
+pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChange) -> Result<()> {
+    if !has_state(t) {
+        return Ok(());
+    }
+    let topic = t.routing_topic();
+    let recorded = read(t, &topic)?;
+    let mut to_write = Vec::new();
+    let mut changed = Vec::new();
+    for p in t.pipelines.iter().filter(|p| !p.store_names().is_empty()) {
+        let Some(&count) = partitions.get(&p.input_topic) else {
+            continue;
+        };
+        let now = describe(t, p, count);
+        match recorded.get(&p.name) {
+            None => to_write.push((p.name.as_str(), now)),
+            Some(bytes) => {
+                let before: Recorded = codec::decode(bytes).with_context(|| {
+                    format!(
+                        "the routing recorded for pipeline `{}` in topic `{topic}` cannot be read (written by a newer \
+                         tally?); run the tally that wrote it, or `tally reset` to start the application over",
+                        p.name
+                    )
+                })?;
+                if before.routing != now {
+                    changed.push(format!(
+                        "pipeline `{}`: its state was built from {}; this configuration routes {}",
+                        p.name, before.routing, now
+                    ));
+                    to_write.push((p.name.as_str(), now));
+                }
+            }
+        }
+    }
+    if !changed.is_empty() {
+        if on_change == OnChange::Refuse {
+            bail!(
+                "the routing of records to tasks changed, so each key's state is in another task than its next \
+                 records and their duplicates would pass:\n  {}\nUndo the change (`partitioner` in \
+                 `kafka.properties`, `repartition`, the partition count); or stop every instance and start one \
+                 with `tally run --accept-routing-change`: copies of events processed before the change may then \
+                 pass once more; or `tally reset` to process the sources again with empty state",
+                changed.join("\n  ")
+            );
+        }
+        for c in &changed {
+            tracing::warn!(change = %c, "routing change accepted: copies of events processed before it may pass once more");
+        }
+    }
+    write(t, &topic, &to_write)
+}
+
+/// True when some pipeline keeps state, so its routing matters (and the routing topic exists).
+pub fn has_state(t: &Topology) -> bool {
+    t.pipelines.iter().any(|p| !p.store_names().is_empty())
+}
+
+/// The last record per key of `topic` (single partition), read to its end.
+fn read(t: &Topology, topic: &str) -> Result<BTreeMap<String, Vec<u8>>> {
+    let consumer: BaseConsumer = clients::watch_reader(t, &t.application_id)
+        .create()
+        .context("cannot create a consumer to read the recorded routing")?;
+    let mut from = TopicPartitionList::new();
+    from.add_partition_offset(topic, 0, Offset::Beginning)
+        .with_context(|| format!("cannot read `{topic}`"))?;
+    consumer
+        .assign(&from)
+        .with_context(|| format!("cannot read `{topic}`"))?;
+    let mut recorded = BTreeMap::new();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if Instant::now() > deadline {
+            bail!(
+                "could not read `{topic}` to its end within {} s; check the cluster",
+                LIMIT.as_secs()
+            );
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let Some(key) = m.key().map(|k| String::from_utf8_lossy(k).into_owned()) else {
+                    continue;
+                };
+                match m.payload() {
+                    Some(value) => recorded.insert(key, value.to_vec()),
+                    None => recorded.remove(&key),
+                };
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(recorded),
+            Some(Err(e)) => return Err(e).with_context(|| format!("cannot read `{topic}`")),
+            None => {}
+        }
+    }
+}
+
+/// Writes each `(pipeline, routing)` to `topic` and waits until every write is acknowledged.
+fn write(t: &Topology, topic: &str, routings: &[(&str, String)]) -> Result<()> {
+    if routings.is_empty() {
+        return Ok(());
+    }
+    let producer: BaseProducer<Deliveries> = clients::base(t)
+        .set("enable.idempotence", "true")
+        .create_with_context(Deliveries::default())
+        .context("cannot create the producer that records the routing; check `kafka.properties`")?;
+    for (pipeline, routing) in routings {
+        let value = codec::encode(&Recorded {
+            routing: routing.clone(),
+        })
+        .context("encoding a routing record")?;
+        producer
+            .send(BaseRecord::to(topic).key(*pipeline).payload(&value))
+            .map_err(|(e, _)| e)
+            .with_context(|| format!("recording the routing of pipeline `{pipeline}` in `{topic}`"))?;
+    }
+    producer
+        .flush(METADATA_TIMEOUT.max(LIMIT))
+        .with_context(|| format!("recording the routing in `{topic}`"))?;
+    if let Some(e) = producer.context().failed() {
+        return Err(e).with_context(|| format!("recording the routing in `{topic}`"));
+    }
+    Ok(())
+}
+
+/// Keeps the first failed delivery of the routing producer.
+#[derive(Default)]
+struct Deliveries(Mutex<Option<KafkaError>>);
+
+impl Deliveries {
+    fn failed(&self) -> Option<KafkaError> {
+        self.0.lock().ok().and_then(|mut e| e.take())
+    }
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let (Err((e, _)), Ok(mut first)) = (result, self.0.lock()) {
+            first.get_or_insert_with(|| e.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+
+    fn topology(properties: &str, repartition: &str) -> Topology {
+        let yaml = format!(
+            "application_id: app\nkafka: {{ bootstrap_servers: b, properties: {{ {properties} }} }}\nsources:\n  \
+             p: {{ topic: t }}\npipelines:\n  - name: pay\n    from: p\n    {repartition}\n    \
+             key: \"{{payment_id}}:{{status}}\"\n    to: {{ topic: o }}\ndead_letter: {{ topic: d }}\n"
+        );
+        load_str("t.yaml", &yaml, |_| None).expect("valid topology")
+    }
+
+    fn routing(properties: &str, repartition: &str, partitions: i32) -> String {
+        let t = topology(properties, repartition);
+        describe(&t, &t.pipelines[0], partitions)
+    }
+
+    #[test]
+    fn a_routing_is_the_key_the_partitioner_and_the_partition_count() {
+        let hop = r#"repartition: { key: "{payment_id}" }"#;
+        let base = routing("", hop, 3);
+        assert_eq!(
+            base,
+            "records keyed by `{payment_id}`, hashed with crc32 over 3 partitions"
+        );
+        assert_eq!(routing("partitioner: consistent", hop, 3), base, "the same hash");
+        assert_ne!(routing("partitioner: murmur2_random", hop, 3), base);
+        assert_ne!(routing("", r#"repartition: { key: "{order_id}" }"#, 3), base);
+        assert_ne!(routing("", hop, 6), base);
+        assert_ne!(routing("", "", 3), base, "no hop: the source's own partitions");
+    }
+
+    #[test]
+    fn a_hop_and_a_co_partitioned_source_route_alike_only_with_the_same_partitioner() {
+        let co = r#"repartition: { key: "{payment_id}", co_partitioned: murmur2 }"#;
+        let hop = r#"repartition: { key: "{payment_id}" }"#;
+        assert_eq!(routing("", co, 3), routing("partitioner: murmur2_random", hop, 3));
+        assert_ne!(routing("", co, 3), routing("", hop, 3), "crc32 by default");
+    }
+}
