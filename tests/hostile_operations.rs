@@ -494,3 +494,71 @@ fn a_switch_to_co_partitioned_waits_until_the_former_repartition_topic_is_draine
     );
     tally.stop();
 }
+
+#[test]
+fn a_restart_that_routes_keys_to_other_tasks_is_refused_until_the_change_is_accepted() {
+    use tally::topology::partitioner::Partitioner;
+    let names = Names::new("routing");
+    create_topics(&[(&names.input, 3), (&names.output, 3), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 1 << 20);
+    let first = payments(0..200);
+    produce(&names.input, &first);
+    let tally = Tally::start(&topology, "i1", dir.path().join("i1.log"));
+    assert_eq!(wait_for_count(&names.output, 200, Duration::from_secs(90)), 200);
+    tally.stop();
+
+    // The repartition hop now hashes payment ids with murmur2 instead of librdkafka's crc32.
+    let yaml = std::fs::read_to_string(&topology).expect("topology");
+    let murmur = yaml.replace(
+        "    heartbeat.interval.ms: 1000\n",
+        "    heartbeat.interval.ms: 1000\n    partitioner: murmur2_random\n",
+    );
+    assert_ne!(murmur, yaml, "the topology has the shape write_topology gives it");
+    std::fs::write(&topology, murmur).expect("topology");
+    let mut refused = Tally::start(&topology, "i1", dir.path().join("refused.log"));
+    let status = refused
+        .exit_within(Duration::from_secs(60))
+        .expect("tally refuses to start");
+    assert!(!status.success(), "a refusal, not a clean stop");
+    let log = std::fs::read_to_string(refused.log()).expect("log");
+    assert!(
+        log.contains("pipeline `payments`")
+            && log.contains("hashed with crc32 over 3 partitions")
+            && log.contains("hashed with murmur2 over 3 partitions")
+            && log.contains("--accept-routing-change"),
+        "names the pipeline, both routings and the way on: {log}"
+    );
+
+    // Accepted: the payments whose id now hashes to another partition meet a task that has not
+    // seen them, so their copies pass once more; that is what the refusal guards against.
+    let moved = (0..200)
+        .map(|i| format!("P-{i:04}"))
+        .filter(|id| Partitioner::Crc32.partition(id.as_bytes(), 3) != Partitioner::Murmur2.partition(id.as_bytes(), 3))
+        .count();
+    assert!(moved > 0 && moved < 200, "{moved} of 200 move");
+    let accepted = Tally::start_with_flags(
+        &topology,
+        "i1",
+        dir.path().join("accepted.log"),
+        &["--accept-routing-change"],
+    );
+    produce(&names.input, &first);
+    assert_eq!(
+        wait_for_count(&names.output, 200 + moved, Duration::from_secs(90)),
+        200 + moved
+    );
+    accepted.stop();
+
+    // The accepted routing is the recorded one: the next start needs no flag, and every copy
+    // now meets its key's state.
+    let again = Tally::start(&topology, "i1", dir.path().join("again.log"));
+    produce(&names.input, &first);
+    produce(&names.input, &payments(200..230));
+    let total = 200 + moved + 30;
+    assert_eq!(wait_for_count(&names.output, total, Duration::from_secs(90)), total);
+    std::thread::sleep(Duration::from_secs(3));
+    again.stop();
+    let out = read_committed(&names.output, total, Duration::from_secs(30));
+    assert_eq!(out.len(), total, "no copy passed after the accepted change");
+}

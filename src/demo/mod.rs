@@ -58,6 +58,10 @@ pub fn run(events: usize, seed: u64) -> Result<DemoReport> {
                 .with_context(|| format!("creating {topic} on the mock"))?;
         }
     }
+    let routing = topology.routing_topic();
+    cluster
+        .create_topic(&routing, 1, 1)
+        .with_context(|| format!("creating {routing} on the mock"))?;
 
     let generated = generator::payments(events, 20, topology.processing.max_record_bytes, seed);
     let producer: BaseProducer = ClientConfig::new()

@@ -464,7 +464,7 @@ impl Tally {
         std::fs::write(&path, yaml).expect("write topology");
         let env = Self::env_of(names, state, instance_id, extra);
         let log = state.join(format!("{instance_id}.log"));
-        Self::spawn(&["reconcile", "live"], &path, instance_id, log, &env)
+        Self::spawn(&["reconcile", "live"], &path, instance_id, log, &env, &[])
     }
 
     fn start_file_with(path: &Path, names: &Names, state: &Path, instance_id: &str, extra: &[(&str, String)]) -> Self {
@@ -497,16 +497,29 @@ impl Tally {
     }
 
     pub fn start_with_env(topology: &Path, instance_id: &str, log: PathBuf, env: &[(&str, String)]) -> Self {
-        Self::spawn(&["run"], topology, instance_id, log, env)
+        Self::spawn(&["run"], topology, instance_id, log, env, &[])
     }
 
-    fn spawn(command: &[&str], topology: &Path, instance_id: &str, log: PathBuf, env: &[(&str, String)]) -> Self {
+    /// `tally run` with `flags` after the topology (`--accept-routing-change`, say).
+    pub fn start_with_flags(topology: &Path, instance_id: &str, log: PathBuf, flags: &[&str]) -> Self {
+        Self::spawn(&["run"], topology, instance_id, log, &[], flags)
+    }
+
+    fn spawn(
+        command: &[&str],
+        topology: &Path,
+        instance_id: &str,
+        log: PathBuf,
+        env: &[(&str, String)],
+        flags: &[&str],
+    ) -> Self {
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))
             .arg("--log-json")
             .args(command)
             .arg(topology)
             .args(["--instance-id", instance_id])
+            .args(flags)
             .env("RUST_LOG", "info,librdkafka=warn")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
