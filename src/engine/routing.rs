@@ -16,6 +16,7 @@ use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -130,13 +131,16 @@ fn read(t: &Topology, topic: &str) -> Result<BTreeMap<String, Vec<u8>>> {
         .assign(&from)
         .with_context(|| format!("cannot read `{topic}`"))?;
     let mut recorded = BTreeMap::new();
+    // Consumer errors pass while the client retries (a topic created a moment ago may have no
+    // leader yet); the last one is the cause if the end is not reached in time.
+    let mut last_error = None;
     let deadline = Instant::now() + LIMIT;
     loop {
         if Instant::now() > deadline {
-            bail!(
-                "could not read `{topic}` to its end within {} s; check the cluster",
-                LIMIT.as_secs()
-            );
+            // Without an error of its own, a timeout as the cluster's would be: waited out.
+            let cause = last_error.unwrap_or(KafkaError::MessageConsumption(RDKafkaErrorCode::OperationTimedOut));
+            return Err(cause)
+                .with_context(|| format!("could not read `{topic}` to its end within {} s", LIMIT.as_secs()));
         }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
@@ -149,7 +153,7 @@ fn read(t: &Topology, topic: &str) -> Result<BTreeMap<String, Vec<u8>>> {
                 };
             }
             Some(Err(KafkaError::PartitionEOF(_))) => return Ok(recorded),
-            Some(Err(e)) => return Err(e).with_context(|| format!("cannot read `{topic}`")),
+            Some(Err(e)) => last_error = Some(e),
             None => {}
         }
     }
