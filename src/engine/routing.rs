@@ -71,7 +71,7 @@ pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChan
     let recorded = read(t, &topic)?;
     let mut to_write = Vec::new();
     let mut changed = Vec::new();
-    for p in t.pipelines.iter().filter(|p| !p.store_names().is_empty()) {
+    for p in stateful(t) {
         let Some(&count) = partitions.get(&p.input_topic) else {
             continue;
         };
@@ -116,7 +116,12 @@ pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChan
 
 /// True when some pipeline keeps state, so its routing matters (and the routing topic exists).
 pub fn has_state(t: &Topology) -> bool {
-    t.pipelines.iter().any(|p| !p.store_names().is_empty())
+    stateful(t).next().is_some()
+}
+
+/// The pipelines that keep state.
+fn stateful(t: &Topology) -> impl Iterator<Item = &Pipeline> {
+    t.pipelines.iter().filter(|p| !p.store_names().is_empty())
 }
 
 /// The last record per key of `topic` (single partition), read to its end.
