@@ -96,6 +96,10 @@ enum Reconcile {
         /// Serve /metrics, /health/live and /health/ready on this address.
         #[arg(long, env = "TALLY_HTTP_ADDRESS")]
         http_address: Option<std::net::SocketAddr>,
+        /// Start even though trace records are routed to tasks differently than when the
+        /// reconciler's state was built (events open across the change may be alerted as stuck).
+        #[arg(long)]
+        accept_routing_change: bool,
     },
     /// Close failed (dead-lettered) or stuck events that will not be redriven, with a reason
     /// that is recorded on the trace topic next to the event's other records.
@@ -123,9 +127,11 @@ fn main() -> ExitCode {
                 topology,
                 instance_id,
                 http_address,
+                accept_routing_change,
             } => {
                 let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
-                commands::run::reconcile_live(&topology, &id, http_address).map(|()| true)
+                commands::run::reconcile_live(&topology, &id, http_address, on_change(accept_routing_change))
+                    .map(|()| true)
             }
         },
         Command::Run {
@@ -135,12 +141,7 @@ fn main() -> ExitCode {
             accept_routing_change,
         } => {
             let id = instance_id.unwrap_or_else(commands::run::default_instance_id);
-            let on_change = if accept_routing_change {
-                OnChange::Accept
-            } else {
-                OnChange::Refuse
-            };
-            commands::run::run(&topology, &id, http_address, on_change).map(|()| true)
+            commands::run::run(&topology, &id, http_address, on_change(accept_routing_change)).map(|()| true)
         }
         Command::Validate { files } => Ok(commands::validate::validate(&files)),
         Command::Schema => {
@@ -166,5 +167,14 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// What `--accept-routing-change` asks for.
+fn on_change(accept: bool) -> OnChange {
+    if accept {
+        OnChange::Accept
+    } else {
+        OnChange::Refuse
     }
 }

@@ -523,7 +523,7 @@ fn a_restart_that_routes_keys_to_other_tasks_is_refused_until_the_change_is_acce
     assert!(!status.success(), "a refusal, not a clean stop");
     let log = std::fs::read_to_string(refused.log()).expect("log");
     assert!(
-        log.contains("pipeline `payments`")
+        log.contains("`payments`: its state was built from")
             && log.contains("hashed with crc32 over 3 partitions")
             && log.contains("hashed with murmur2 over 3 partitions")
             && log.contains("--accept-routing-change"),

@@ -38,10 +38,15 @@ pub fn run(
 
 /// Runs the live reconciler of a topology file as its own application (`reconcile.run:
 /// separately`): group, transactional ids and stores `<application_id>-reconcile`.
-pub fn reconcile_live(path: &Path, instance_id: &str, http_address: Option<SocketAddr>) -> Result<()> {
+pub fn reconcile_live(
+    path: &Path,
+    instance_id: &str,
+    http_address: Option<SocketAddr>,
+    on_routing_change: OnChange,
+) -> Result<()> {
     let topology = config::load_file(path)?;
     let view = topology.reconciler_view().map_err(|why| anyhow!("{why}"))?;
-    run_topology(Arc::new(view), instance_id, http_address, OnChange::Refuse)
+    run_topology(Arc::new(view), instance_id, http_address, on_routing_change)
 }
 
 fn run_topology(

@@ -4,7 +4,8 @@
 //! a switch to `co_partitioned` with another partitioner, a changed partition count) would
 //! send a key's next copies to a task that has never seen it, and duplicates would pass. Each
 //! pipeline's routing is recorded in the compacted topic `<application_id>-routing`; a start
-//! whose routing differs is refused unless the operator accepts the change.
+//! whose routing differs is refused unless the operator accepts the change. The in-process
+//! reconciler's trace records are routed by tally's partitioner too, and recorded alike.
 
 use super::admin::METADATA_TIMEOUT;
 use super::clients;
@@ -61,8 +62,33 @@ pub fn describe(t: &Topology, p: &Pipeline, partitions: i32) -> String {
     }
 }
 
-/// Compares every stateful pipeline's routing with the recorded one and records it where none
-/// is. `partitions` holds the partition count of each pipeline's source (`prepare_topics`).
+/// How the in-process reconciler's trace records find their task: tally writes them keyed by
+/// event id with its producers' partitioner, and an event's records must meet in one task.
+pub fn describe_reconciler(t: &Topology, partitions: i32) -> String {
+    format!(
+        "trace records keyed by event id, hashed with {} over {partitions} partitions",
+        Partitioner::of(&t.kafka.properties).name()
+    )
+}
+
+/// Every routing of `t` that state depends on, by the name it is recorded under: each stateful
+/// pipeline's, and the reconciler's (under `reconcile`, a name no pipeline may take).
+/// `partitions` holds the partition count of each topic a stream thread reads (`prepare_topics`).
+fn routings(t: &Topology, partitions: &BTreeMap<String, i32>) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = stateful(t)
+        .filter_map(|p| {
+            let count = partitions.get(&p.input_topic)?;
+            Some((p.name.clone(), describe(t, p, *count)))
+        })
+        .collect();
+    let trace = t.reconciled_topic().filter(|_| !t.reconciler_stores().is_empty());
+    if let Some(count) = trace.and_then(|topic| partitions.get(topic)) {
+        all.push(("reconcile".to_string(), describe_reconciler(t, *count)));
+    }
+    all
+}
+
+/// Compares every routing state depends on with the recorded one and records it where none is.
 pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChange) -> Result<()> {
     if !has_state(t) {
         return Ok(());
@@ -71,27 +97,22 @@ pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChan
     let recorded = read(t, &topic)?;
     let mut to_write = Vec::new();
     let mut changed = Vec::new();
-    for p in stateful(t) {
-        let Some(&count) = partitions.get(&p.input_topic) else {
-            continue;
-        };
-        let now = describe(t, p, count);
-        match recorded.get(&p.name) {
-            None => to_write.push((p.name.as_str(), now)),
+    for (name, now) in routings(t, partitions) {
+        match recorded.get(&name) {
+            None => to_write.push((name, now)),
             Some(bytes) => {
                 let before: Recorded = codec::decode(bytes).with_context(|| {
                     format!(
-                        "the routing recorded for pipeline `{}` in topic `{topic}` cannot be read (written by a newer \
-                         tally?); run the tally that wrote it, or `tally reset` to start the application over",
-                        p.name
+                        "the routing recorded for `{name}` in topic `{topic}` cannot be read (written by a newer \
+                         tally?); run the tally that wrote it, or `tally reset` to start the application over"
                     )
                 })?;
                 if before.routing != now {
                     changed.push(format!(
-                        "pipeline `{}`: its state was built from {}; this configuration routes {}",
-                        p.name, before.routing, now
+                        "`{name}`: its state was built from {}; this configuration routes {now}",
+                        before.routing
                     ));
-                    to_write.push((p.name.as_str(), now));
+                    to_write.push((name, now));
                 }
             }
         }
@@ -116,7 +137,7 @@ pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChan
 
 /// True when some pipeline keeps state, so its routing matters (and the routing topic exists).
 pub fn has_state(t: &Topology) -> bool {
-    stateful(t).next().is_some()
+    stateful(t).next().is_some() || !t.reconciler_stores().is_empty()
 }
 
 /// The pipelines that keep state.
@@ -164,8 +185,8 @@ fn read(t: &Topology, topic: &str) -> Result<BTreeMap<String, Vec<u8>>> {
     }
 }
 
-/// Writes each `(pipeline, routing)` to `topic` and waits until every write is acknowledged.
-fn write(t: &Topology, topic: &str, routings: &[(&str, String)]) -> Result<()> {
+/// Writes each `(name, routing)` to `topic` and waits until every write is acknowledged.
+fn write(t: &Topology, topic: &str, routings: &[(String, String)]) -> Result<()> {
     if routings.is_empty() {
         return Ok(());
     }
@@ -173,15 +194,15 @@ fn write(t: &Topology, topic: &str, routings: &[(&str, String)]) -> Result<()> {
         .set("enable.idempotence", "true")
         .create_with_context(Deliveries::default())
         .context("cannot create the producer that records the routing; check `kafka.properties`")?;
-    for (pipeline, routing) in routings {
+    for (name, routing) in routings {
         let value = codec::encode(&Recorded {
             routing: routing.clone(),
         })
         .context("encoding a routing record")?;
         producer
-            .send(BaseRecord::to(topic).key(*pipeline).payload(&value))
+            .send(BaseRecord::to(topic).key(name.as_str()).payload(&value))
             .map_err(|(e, _)| e)
-            .with_context(|| format!("recording the routing of pipeline `{pipeline}` in `{topic}`"))?;
+            .with_context(|| format!("recording the routing of `{name}` in `{topic}`"))?;
     }
     producer
         .flush(METADATA_TIMEOUT.max(LIMIT))
@@ -220,10 +241,14 @@ mod tests {
     use crate::config::load_str;
 
     fn topology(properties: &str, repartition: &str) -> Topology {
+        topology_with(properties, repartition, "")
+    }
+
+    fn topology_with(properties: &str, repartition: &str, more: &str) -> Topology {
         let yaml = format!(
             "application_id: app\nkafka: {{ bootstrap_servers: b, properties: {{ {properties} }} }}\nsources:\n  \
              p: {{ topic: t }}\npipelines:\n  - name: pay\n    from: p\n    {repartition}\n    \
-             key: \"{{payment_id}}:{{status}}\"\n    to: {{ topic: o }}\ndead_letter: {{ topic: d }}\n"
+             key: \"{{payment_id}}:{{status}}\"\n    to: {{ topic: o }}\ndead_letter: {{ topic: d }}\n{more}"
         );
         load_str("t.yaml", &yaml, |_| None).expect("valid topology")
     }
@@ -254,5 +279,30 @@ mod tests {
         let hop = r#"repartition: { key: "{payment_id}" }"#;
         assert_eq!(routing("", co, 3), routing("partitioner: murmur2_random", hop, 3));
         assert_ne!(routing("", co, 3), routing("", hop, 3), "crc32 by default");
+    }
+
+    #[test]
+    fn the_reconciler_is_recorded_where_it_runs_and_its_routing_follows_the_partitioner() {
+        let reconciled = "trace: { topic: tr }\nreconcile: { alerts_topic: al }\n";
+        let counts = BTreeMap::from([("t".to_string(), 3), ("tr".to_string(), 6)]);
+        let names = |t: &Topology| routings(t, &counts).into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        let t = topology_with("", "", reconciled);
+        assert_eq!(names(&t), ["pay", "reconcile"]);
+        assert_eq!(
+            routings(&t, &counts)[1].1,
+            "trace records keyed by event id, hashed with crc32 over 6 partitions"
+        );
+        let murmur = topology_with("partitioner: murmur2", "", reconciled);
+        assert_ne!(routings(&murmur, &counts)[1], routings(&t, &counts)[1]);
+        assert_eq!(names(&topology("", "")), ["pay"], "no reconciler, no entry");
+        let separately = topology_with(
+            "",
+            "",
+            "trace: { topic: tr }\nreconcile: { alerts_topic: al, run: separately }\n",
+        );
+        assert_eq!(names(&separately), ["pay"], "the separate reconciler records its own");
+        let view = separately.reconciler_view().expect("view");
+        assert_eq!(names(&view), ["reconcile"]);
+        assert!(has_state(&view));
     }
 }
