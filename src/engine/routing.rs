@@ -62,8 +62,9 @@ pub fn describe(t: &Topology, p: &Pipeline, partitions: i32) -> String {
     }
 }
 
-/// How the in-process reconciler's trace records find their task: tally writes them keyed by
-/// event id with its producers' partitioner, and an event's records must meet in one task.
+/// How the reconciler's trace records find their task (in process or deployed on its own):
+/// tally writes them keyed by event id with its producers' partitioner, and an event's records
+/// must meet in one task.
 pub fn describe_reconciler(t: &Topology, partitions: i32) -> String {
     format!(
         "trace records keyed by event id, hashed with {} over {partitions} partitions",
@@ -121,10 +122,11 @@ pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChan
         if on_change == OnChange::Refuse {
             bail!(
                 "the routing of records to tasks changed, so each key's state is in another task than its next \
-                 records and their duplicates would pass:\n  {}\nUndo the change (`partitioner` in \
-                 `kafka.properties`, `repartition`, the partition count); or stop every instance and start one \
-                 with `tally run --accept-routing-change`: copies of events processed before the change may then \
-                 pass once more; or `tally reset` to process the sources again with empty state",
+                 records: their duplicates would pass (and the reconciler's open events would be alerted as \
+                 stuck):\n  {}\nUndo the change (`partitioner` in `kafka.properties`, `repartition`, the partition \
+                 count); or stop every instance and start one with `--accept-routing-change` (`tally run`, or \
+                 `tally reconcile live`): copies of events processed before the change may then pass once more; \
+                 or `tally reset` to process the sources again with empty state",
                 changed.join("\n  ")
             );
         }
