@@ -15,12 +15,7 @@ fn a_changelog_that_is_not_compacted_stops_tally_with_the_fix() {
     create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1), (&changelog, 1)]);
     let dir = tempfile::tempdir().expect("tempdir");
     let topology = write_topology_with(dir.path(), &names, 4096, false);
-    let mut tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
-    let status = tally
-        .exit_within(Duration::from_secs(60))
-        .expect("tally stops on its own");
-    assert!(!status.success(), "a refusal, not a clean stop");
-    let log = std::fs::read_to_string(dir.path().join("tally.log")).expect("log");
+    let log = refusal(Tally::start(&topology, "i1", dir.path().join("tally.log")));
     assert!(
         log.contains(&changelog) && log.contains("cleanup.policy=compact"),
         "names the topic and the setting to change: {log}"
@@ -457,12 +452,7 @@ fn a_switch_to_co_partitioned_waits_until_the_former_repartition_topic_is_draine
     let left = payments(0..2);
     produce(&hop, &left);
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut refused = Tally::start_example("payments-keyed.yaml", &names, dir.path(), "i1");
-    let status = refused
-        .exit_within(Duration::from_secs(60))
-        .expect("tally refuses to start");
-    assert!(!status.success(), "a refusal, not a clean stop");
-    let log = std::fs::read_to_string(refused.log()).expect("log");
+    let log = refusal(Tally::start_example("payments-keyed.yaml", &names, dir.path(), "i1"));
     assert!(
         log.contains(&hop) && log.contains("lag") && log.contains("delete the topic"),
         "names the topic, the drain and the way to give its records up: {log}"
@@ -516,12 +506,7 @@ fn a_restart_that_routes_keys_to_other_tasks_is_refused_until_the_change_is_acce
     );
     assert_ne!(murmur, yaml, "the topology has the shape write_topology gives it");
     std::fs::write(&topology, murmur).expect("topology");
-    let mut refused = Tally::start(&topology, "i1", dir.path().join("refused.log"));
-    let status = refused
-        .exit_within(Duration::from_secs(60))
-        .expect("tally refuses to start");
-    assert!(!status.success(), "a refusal, not a clean stop");
-    let log = std::fs::read_to_string(refused.log()).expect("log");
+    let log = refusal(Tally::start(&topology, "i1", dir.path().join("refused.log")));
     assert!(
         log.contains("`payments`: its state was built from")
             && log.contains("hashed with crc32 over 3 partitions")
@@ -561,4 +546,39 @@ fn a_restart_that_routes_keys_to_other_tasks_is_refused_until_the_change_is_acce
     again.stop();
     let out = read_committed(&names.output, total, Duration::from_secs(30));
     assert_eq!(out.len(), total, "no copy passed after the accepted change");
+
+    // A record this tally cannot read (a newer format's, or bytes written by hand) is not the
+    // routing in force: refused alike, and replaced when accepted.
+    let unreadable = GeneratedRecord {
+        key: b"payments".to_vec(),
+        payload: vec![0xff, 0x00],
+        headers: Vec::new(),
+    };
+    produce(&format!("{}-routing", names.app), &[unreadable]);
+    let log = refusal(Tally::start(&topology, "i1", dir.path().join("unreadable.log")));
+    assert!(
+        log.contains("a routing this tally cannot read") && log.contains("--accept-routing-change"),
+        "{log}"
+    );
+    let replaced = Tally::start_with_flags(
+        &topology,
+        "i1",
+        dir.path().join("replaced.log"),
+        &["--accept-routing-change"],
+    );
+    produce(&names.input, &payments(230..240));
+    assert_eq!(
+        wait_for_count(&names.output, total + 10, Duration::from_secs(90)),
+        total + 10
+    );
+    replaced.stop();
+}
+
+/// The log of a start that must be refused: tally exits, non-zero, within a minute.
+fn refusal(mut refused: Tally) -> String {
+    let status = refused
+        .exit_within(Duration::from_secs(60))
+        .expect("tally refuses to start");
+    assert!(!status.success(), "a refusal, not a clean stop");
+    std::fs::read_to_string(refused.log()).expect("log")
 }

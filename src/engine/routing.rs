@@ -102,16 +102,15 @@ pub fn check(t: &Topology, partitions: &BTreeMap<String, i32>, on_change: OnChan
         match recorded.get(&name) {
             None => to_write.push((name, now)),
             Some(bytes) => {
-                let before: Recorded = codec::decode(bytes).with_context(|| {
-                    format!(
-                        "the routing recorded for `{name}` in topic `{topic}` cannot be read (written by a newer \
-                         tally?); run the tally that wrote it, or `tally reset` to start the application over"
-                    )
-                })?;
-                if before.routing != now {
+                let before = match codec::decode::<Recorded>(bytes) {
+                    Ok(r) => r.routing,
+                    // Not what this tally writes (a newer tally's format, or bytes written by
+                    // hand): unknown is not the same, and accepting the change replaces it.
+                    Err(e) => format!("a routing this tally cannot read ({e})"),
+                };
+                if before != now {
                     changed.push(format!(
-                        "`{name}`: its state was built from {}; this configuration routes {now}",
-                        before.routing
+                        "`{name}`: its state was built from {before}; this configuration routes {now}"
                     ));
                     to_write.push((name, now));
                 }
