@@ -49,7 +49,7 @@ pub struct Latency {
 }
 
 /// What the machine did while the input was paced (`None`: not readable here).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Load {
     /// Share of all the machine's CPU time that was busy, in percent.
     pub machine_busy_pct: Option<f64>,
@@ -60,6 +60,9 @@ pub struct Load {
     pub contender_cores: Option<f64>,
     /// Cores the broker's processes used on average (`TALLY_BENCH_BROKER_PIDS`).
     pub broker_cores: Option<f64>,
+    /// The contender's thread that ran most: its name, the cores it ran on and the cores' worth
+    /// of time it waited for one, on average.
+    pub busiest_thread: Option<(String, f64, f64)>,
 }
 
 /// One output: its seq, its append time and when the reader got it (ms since the epoch).
@@ -183,6 +186,7 @@ fn drive(
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
     wait_for(count, WARMUP, Duration::from_secs(180), &mut proc).context("warm-up")?;
     let before = (CpuTicks::now(), probe::cpu_s(&[proc.pid]), probe::cpu_s(broker));
+    let threads_before = probe::thread_times(proc.pid);
     let start = Instant::now();
     for i in 0..measured {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
@@ -200,6 +204,7 @@ fn drive(
         machine_busy_pct: before.0.zip(CpuTicks::now()).and_then(|(a, b)| b.busy_since(&a)),
         contender_cores: cores(before.1, probe::cpu_s(&[proc.pid])),
         broker_cores: cores(before.2, probe::cpu_s(broker)),
+        busiest_thread: probe::busiest_thread(&threads_before, &probe::thread_times(proc.pid), paced_s),
         ..Load::default()
     };
     rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;

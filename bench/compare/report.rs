@@ -187,7 +187,10 @@ const METHOD: &str = r#"
   all cores neither idle nor stolen while the input was paced, and "contender cores" and "broker
   cores" the average cores those processes used then: the paced producer, the output reader and
   the broker share the machine with the contender, so half of a contender's preloaded-input
-  capacity is not half of the machine.
+  capacity is not half of the machine. The contender's busiest thread (its stream thread) is
+  shown with the cores it ran on and the cores' worth of time it was ready to run but waited for
+  a core (`/proc/<pid>/task/<tid>/schedstat`): when the two add up to about 1, that thread
+  wanted a whole core and the machine gave it only the running part.
 - **Restore**: tally restoring a changelog of N dedup entries into an empty state directory
   (its `restore finished` log line) versus a raw read_committed consume of the same changelog
   (10 ms fetch waits like tally's restore consumer; librdkafka's fetch sizes, the faster ones for
@@ -372,9 +375,9 @@ fn latency(w: &mut String, o: &Options, r: &Results) {
 fn latency_table(w: &mut String, runs: &[Latency]) {
     let _ = writeln!(
         w,
-        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | p99 of each run (machine stalls from its paced input's start to its last output, if any) |"
+        "| contender | offered records/s | achieved records/s | samples | p50 | p99 | p99.9 | visible p50 | visible p99 | visible p99.9 | CPU steal | machine busy | contender cores | broker cores | contender's busiest thread: cores running / waiting for one | p99 of each run (machine stalls from its paced input's start to its last output, if any) |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for l in runs {
         let p99s: Vec<String> = l
             .p99_of_runs
@@ -387,7 +390,7 @@ fn latency_table(w: &mut String, runs: &[Latency]) {
         let or_dash = |v: Option<f64>, f: fn(f64) -> String| v.map_or_else(|| "–".to_string(), f);
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} |",
             l.contender.name(),
             int(l.rate),
             int(l.achieved_rate),
@@ -402,6 +405,10 @@ fn latency_table(w: &mut String, runs: &[Latency]) {
             or_dash(l.load.machine_busy_pct, |p| format!("{p:.0}%")),
             or_dash(l.load.contender_cores, |c| format!("{c:.2}")),
             or_dash(l.load.broker_cores, |c| format!("{c:.2}")),
+            l.load.busiest_thread.as_ref().map_or_else(
+                || "–".to_string(),
+                |(name, ran, waited)| format!("`{name}` {ran:.2} / {waited:.2}")
+            ),
             p99s.join(", ")
         );
     }
