@@ -8,6 +8,7 @@ use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Message, TopicPartitionList};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,29 +23,41 @@ const CALL: Duration = Duration::from_secs(5);
 /// of the transactional id aborts what it left open.
 const ABORT_WAIT: Duration = Duration::from_secs(10);
 
-/// Highest delivered offset per (topic, partition) since the last take.
+/// Highest delivered offset per (topic, partition) of the records sent to a fixed partition
+/// (the changelogs) since the last take.
 type Delivered = HashMap<(String, i32), i64>;
 
-/// Records the offsets of delivered records, so stores can note which changelog offset they
-/// reflect.
+/// The delivery opaque of a record whose offset is tracked (sent to a fixed partition).
+const TRACKED: usize = 1;
+/// The delivery opaque of a record whose offset nobody needs.
+const UNTRACKED: usize = 0;
+
+/// Records the offsets of delivered changelog records, so stores can note which changelog
+/// offset they reflect.
 #[derive(Default)]
 pub struct DeliveryTracker {
     /// Highest delivered offset per partition, by topic: looked up by the report's `&str`, so a
-    /// delivery report allocates nothing once its topic was seen.
-    delivered: Mutex<HashMap<String, HashMap<i32, i64>>>,
+    /// delivery report allocates nothing once its topic was seen. The names are tally's own
+    /// changelog topics, so the fast hasher serves.
+    delivered: Mutex<FxHashMap<String, FxHashMap<i32, i64>>>,
 }
 
 impl ClientContext for DeliveryTracker {}
 
 impl ProducerContext for DeliveryTracker {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        // Failed deliveries need no bookkeeping: they make the transaction abortable.
+    fn delivery(&self, result: &DeliveryResult<'_>, tracked: usize) {
+        // Outputs and repartitioned records (two of the three records a repartitioned input
+        // makes) need no bookkeeping, nor do failed deliveries: they make the transaction
+        // abortable.
+        if tracked != TRACKED {
+            return;
+        }
         if let Ok(m) = result {
             if let Ok(mut d) = self.delivered.lock() {
                 if !d.contains_key(m.topic()) {
-                    d.insert(m.topic().to_string(), HashMap::new());
+                    d.insert(m.topic().to_string(), FxHashMap::default());
                 }
                 if let Some(partitions) = d.get_mut(m.topic()) {
                     let e = partitions.entry(m.partition()).or_insert(m.offset());
@@ -59,7 +72,8 @@ impl ProducerContext for DeliveryTracker {
 pub struct Outgoing<'a> {
     /// Destination topic.
     pub topic: &'a str,
-    /// Fixed partition (changelogs), or `None` to partition by key.
+    /// Fixed partition (changelogs), or `None` to partition by key. Only records sent to a
+    /// fixed partition have their delivered offset returned by [`TxnProducer::commit`].
     pub partition: Option<i32>,
     /// Message key.
     pub key: Option<&'a [u8]>,
@@ -158,7 +172,8 @@ impl TxnProducer {
             return Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge));
         }
         self.begin()?;
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(out.topic);
+        let tracked = if out.partition.is_some() { TRACKED } else { UNTRACKED };
+        let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(out.topic, tracked);
         if let Some(h) = out.headers {
             record = record.headers(h);
         }
@@ -184,7 +199,7 @@ impl TxnProducer {
     }
 
     /// Adds the consumed offsets to the transaction and commits it. Returns the highest
-    /// delivered offset per partition, or the error with the step it came from (the step
+    /// delivered offset per fixed partition (see [`Outgoing::partition`]), or the error with the step it came from (the step
     /// decides whether an abort is safe: see [`super::errors::recovery`]).
     pub fn commit(
         &mut self,

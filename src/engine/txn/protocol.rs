@@ -21,7 +21,7 @@ use rdkafka::error::{KafkaError, KafkaResult};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Highest delivered offset per partition written in the transaction (changelogs included).
+/// Highest delivered offset per changelog partition written in the transaction.
 pub type Delivered = HashMap<Partition, i64>;
 
 /// Why the commit step failed.
