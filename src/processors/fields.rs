@@ -3,6 +3,7 @@
 //! per-record CPU after allocation, and it happened on both sides of a repartition hop).
 
 use super::rejection::{Reason, Rejection};
+use crate::topology::template::KeyTemplate;
 use crate::topology::{Pipeline, Strategy};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};
@@ -42,6 +43,14 @@ impl Fields {
             }
         }
         names.extend(templates.iter().flat_map(|t| t.roots()).map(str::to_string));
+        names.sort();
+        names.dedup();
+        Fields::Only(names)
+    }
+
+    /// The fields a repartition hop reads to re-key a record: the roots of `template` only.
+    pub fn of_template(template: &KeyTemplate) -> Self {
+        let mut names: Vec<String> = template.roots().map(str::to_string).collect();
         names.sort();
         names.dedup();
         Fields::Only(names)

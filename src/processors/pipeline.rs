@@ -9,7 +9,7 @@ use super::rejection::{Reason, Rejection};
 use super::state::{self, StateError, StoreKey};
 use super::version_gate::{self, Gate};
 use crate::store::{GlobalMappings, TaskStore};
-use crate::topology::template::RenderError;
+use crate::topology::template::{KeyTemplate, RenderError};
 use crate::topology::{CoPartitioning, MergeEmit, Pipeline, RenderedKey, StoreKind, Strategy};
 use serde_json::{Map, Value};
 use std::cell::{Cell, OnceCell};
@@ -105,6 +105,8 @@ pub struct PipelineProcessor {
     stores: Vec<StoreKind>,
     global: Arc<GlobalMappings>,
     fields: Fields,
+    /// The fields the repartition hop reads when it needs no correlation id: its key's only.
+    hop_fields: Fields,
     /// Per store: whether it may still hold text keys of an earlier version, looked up once
     /// (the task's stores are restored before its first record).
     legacy_keys: Vec<OnceCell<bool>>,
@@ -126,6 +128,7 @@ impl PipelineProcessor {
         Self {
             legacy_keys,
             fields: Fields::of(&pipeline),
+            hop_fields: Fields::of_template(hop_template(&pipeline)),
             pipeline,
             max_record_bytes,
             stores,
@@ -398,15 +401,23 @@ impl PipelineProcessor {
     /// template (its business key when it has none), with its correlation id when
     /// `with_correlation` (only trace records need it there), or its rejection.
     pub fn rekey(&self, input: &Input<'_>, with_correlation: bool) -> Result<Rekeyed, Processed> {
-        let template = self
-            .pipeline
-            .repartition
-            .as_ref()
-            .map_or(&self.pipeline.key, |r| &r.key);
-        let doc = self.decode(input.payload).map_err(|r| self.rejected(input, None, r))?;
-        let key = template
-            .render(&doc)
-            .map_err(|e| self.rejected(input, Some(&doc), key_rejection(e, "repartition key")))?;
+        let template = hop_template(&self.pipeline);
+        // Without a correlation id to derive, the hop decodes only its key's fields: the whole
+        // value is still checked, but the rest is skipped instead of built.
+        let fields = if with_correlation {
+            &self.fields
+        } else {
+            &self.hop_fields
+        };
+        let doc = fields
+            .decode(input.payload, self.max_record_bytes)
+            .map_err(|r| self.rejected(input, None, r))?;
+        let key = template.render(&doc).map_err(|e| {
+            // The dead letter carries the record's correlation id, whose field the hop's
+            // decode may have skipped.
+            let full = self.decode(input.payload).ok();
+            self.rejected(input, full.as_ref(), key_rejection(e, "repartition key"))
+        })?;
         let correlation_id = with_correlation.then(|| {
             let (topic, partition, offset) = input.coordinates;
             let seed = match self.pipeline.key.render(&doc) {
@@ -450,6 +461,12 @@ impl PipelineProcessor {
             decision: Decision::Reject(rejection),
         }
     }
+}
+
+/// The template a repartition hop keys records by: the pipeline's repartition key, else its
+/// business key.
+fn hop_template(pipeline: &Pipeline) -> &KeyTemplate {
+    pipeline.repartition.as_ref().map_or(&pipeline.key, |r| &r.key)
 }
 
 fn key_rejection(e: RenderError, what: &str) -> Rejection {

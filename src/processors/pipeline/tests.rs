@@ -177,6 +177,33 @@ fn rekey_renders_the_repartition_key_or_rejects() {
 }
 
 #[test]
+fn the_hop_decodes_only_its_key_yet_checks_the_whole_value_and_keeps_the_correlation_of_a_rejection() {
+    let yaml = YAML.replace(
+        "    key: \"{payment_id}:{status}\"",
+        "    repartition: { key: \"{payment_id}\" }\n    key: \"{payment_id}:{status}\"\n    correlation_id: { field: correlation_id }",
+    );
+    let (p, _s, _tmp) = setup_with(&yaml);
+    let input = |payload: &'static [u8]| Input {
+        payload: Some(payload),
+        correlation_header: None,
+        coordinates: ("in", 1, 2),
+        now_ms: 0,
+    };
+    let bad_elsewhere = p
+        .rekey(&input(br#"{"payment_id":"P9","skipped":[1,}"#), false)
+        .expect_err("invalid JSON in a field the hop skips");
+    assert_eq!(reason(&bad_elsewhere), Some(Reason::InvalidJson));
+    let no_key = p
+        .rekey(&input(br#"{"status":"PAID","correlation_id":"C-7"}"#), false)
+        .expect_err("no payment_id");
+    assert_eq!(reason(&no_key), Some(Reason::MissingKeyField));
+    assert_eq!(
+        no_key.correlation_id, "C-7",
+        "the dead letter keeps the record's correlation id"
+    );
+}
+
+#[test]
 fn overwrite_passes_higher_versions_keyed_by_entity_and_drops_the_rest() {
     let (p, mut s, _tmp) = setup_with(ROUTES);
     let rec = |v: &str| format!(r#"{{"event_type":"entity.updated","type":"customer","id":"C1","v":{v}}}"#);
