@@ -199,8 +199,9 @@ impl TxnProducer {
     }
 
     /// Adds the consumed offsets to the transaction and commits it. Returns the highest
-    /// delivered offset per fixed partition (see [`Outgoing::partition`]), or the error with the step it came from (the step
-    /// decides whether an abort is safe: see [`super::errors::recovery`]).
+    /// delivered offset per fixed partition (see [`Outgoing::partition`]), or the error with the
+    /// step it came from (the step decides whether an abort is safe: see
+    /// [`super::errors::recovery`]).
     pub fn commit(
         &mut self,
         offsets: &TopicPartitionList,

@@ -15,7 +15,8 @@ use std::fmt;
 pub enum Fields {
     /// Every field: the record is rewritten or merged, so all of it is needed.
     All,
-    /// Only these (the roots of its key templates, `event_type`, the correlation field).
+    /// Only these, sorted (the roots of its key templates, `event_type`, the correlation
+    /// field; at a repartition hop, the roots of the hop's key).
     Only(Vec<String>),
 }
 

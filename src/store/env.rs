@@ -66,13 +66,6 @@ impl StoreEnv {
         opts.set_atomic_flush(true);
         opts.set_max_background_jobs(2);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        // A bloom filter over each memtable's keys (0.2% of the write buffer size: about 130 KiB
-        // at RocksDB's default 64 MiB): a lookup of a key the memtable lacks skips its skip-list
-        // search. Such lookups are most of them (new payments, entities flushed or never seen):
-        // on `entities-256B-1M` the decide stage fell from 4.4-4.7 to 3.6-3.8 µs per record
-        // (`cargo bench --bench process`, docs/performance.md).
-        opts.set_memtable_whole_key_filtering(true);
-        opts.set_memtable_prefix_bloom_ratio(0.002);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&self.cache);
         // Most lookups are for keys never seen (a first event, a new entity): a bloom filter
