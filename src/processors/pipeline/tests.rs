@@ -140,19 +140,28 @@ fn every_kind_of_bad_record_is_rejected_with_its_reason() {
     assert!(s.take_changes().is_empty(), "rejected records leave no dedup state");
 }
 
-#[test]
-fn rekey_renders_the_repartition_key_or_rejects() {
-    let yaml = YAML.replace(
+/// The payments pipeline with a repartition hop by payment id, and `extra` pipeline lines.
+fn setup_hop(extra: &str) -> (PipelineProcessor, TaskStore, tempfile::TempDir) {
+    setup_with(&YAML.replace(
         "    key: \"{payment_id}:{status}\"",
-        "    repartition: { key: \"{payment_id}\" }\n    key: \"{payment_id}:{status}\"",
-    );
-    let (p, _s, _tmp) = setup_with(&yaml);
-    let input = |payload: &'static [u8]| Input {
+        &format!("    repartition: {{ key: \"{{payment_id}}\" }}\n    key: \"{{payment_id}}:{{status}}\"{extra}"),
+    ))
+}
+
+/// A record as the hop's source stage sees it.
+fn hop_input(payload: &[u8]) -> Input<'_> {
+    Input {
         payload: Some(payload),
         correlation_header: None,
         coordinates: ("in", 1, 2),
         now_ms: 0,
-    };
+    }
+}
+
+#[test]
+fn rekey_renders_the_repartition_key_or_rejects() {
+    let (p, _s, _tmp) = setup_hop("");
+    let input = hop_input;
     assert_eq!(
         p.rekey(&input(br#"{"payment_id":"P9","status":"PAID","amount":1}"#), false)
             .map(|r| (r.key, r.correlation_id)),
@@ -178,17 +187,8 @@ fn rekey_renders_the_repartition_key_or_rejects() {
 
 #[test]
 fn the_hop_decodes_only_its_key_yet_checks_the_whole_value_and_keeps_the_correlation_of_a_rejection() {
-    let yaml = YAML.replace(
-        "    key: \"{payment_id}:{status}\"",
-        "    repartition: { key: \"{payment_id}\" }\n    key: \"{payment_id}:{status}\"\n    correlation_id: { field: correlation_id }",
-    );
-    let (p, _s, _tmp) = setup_with(&yaml);
-    let input = |payload: &'static [u8]| Input {
-        payload: Some(payload),
-        correlation_header: None,
-        coordinates: ("in", 1, 2),
-        now_ms: 0,
-    };
+    let (p, _s, _tmp) = setup_hop("\n    correlation_id: { field: correlation_id }");
+    let input = hop_input;
     let bad_elsewhere = p
         .rekey(&input(br#"{"payment_id":"P9","skipped":[1,}"#), false)
         .expect_err("invalid JSON in a field the hop skips");
