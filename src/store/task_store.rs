@@ -96,9 +96,8 @@ impl TaskStore {
         let opts = env.db_options();
         let families = names
             .iter()
-            .map(String::as_str)
-            .chain([META_CF])
-            .map(|n| ColumnFamilyDescriptor::new(n, env.db_options()))
+            .map(|n| ColumnFamilyDescriptor::new(n, env.data_cf_options()))
+            .chain([ColumnFamilyDescriptor::new(META_CF, env.db_options())])
             .collect::<Vec<_>>();
         let db = DB::open_cf_descriptors(&opts, dir, families).map_err(|source| StoreError::Rocks {
             path: dir.to_path_buf(),
