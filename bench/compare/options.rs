@@ -13,8 +13,8 @@ pub struct Options {
     pub records: usize,
     /// Runs per contender and workload, interleaved (`TALLY_BENCH_RUNS`, 3).
     pub runs: usize,
-    /// Back-to-back runs of each ceiling per round, the median kept (`TALLY_BENCH_CEILING_REPEATS`,
-    /// 3), against the jitter of a shared machine.
+    /// Back-to-back runs of each ceiling per round, the fastest kept
+    /// (`TALLY_BENCH_CEILING_REPEATS`, 3), against the jitter of a shared machine.
     pub ceiling_repeats: usize,
     /// Uncounted rounds of the first workload before its measured ones
     /// (`TALLY_BENCH_WARMUP_ROUNDS`, 1): a broker just started runs its first minute slower.
