@@ -253,9 +253,10 @@ fn workload(
 
 /// Runs `run` `repeats` times back to back and keeps the fastest run; the first failure ends it.
 /// Used for the ceilings: a ceiling is the most the machine does, and what makes one repeat
-/// slower than the one before it on the same input (the broker's collector, the other core's
-/// work, a smaller batch size that feeds on itself) is interference, never a lower ceiling.
-/// Every repeat is logged under `label`, so the spread within a round stays visible.
+/// slower than another on the same input (the broker's collector, the other core's work, a
+/// smaller batch size that feeds on itself, the writeback of the runs before it) is the
+/// machine's state, not the passthrough's. Every repeat is logged under `label`, so the spread
+/// within a round stays visible (docs/performance.md reads it).
 fn best_run(
     repeats: usize,
     label: &str,

@@ -63,11 +63,6 @@ impl StoreEnv {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_write_buffer_manager(&self.write_buffers);
-        // The shared budget decides when memtables flush; RocksDB also sizes a memtable's arena
-        // blocks (an eighth, at most 1 MiB) and its bloom filter from `write_buffer_size`, 64 MiB
-        // unless set. At that default, a store's first block past 2 KiB was 1 MiB charged to the
-        // budget, the whole of the smallest one.
-        opts.set_write_buffer_size(self.write_buffer_bytes);
         // Data and the changelog offset share one WriteBatch; with several column families
         // atomic flush keeps them together on disk too.
         opts.set_atomic_flush(true);
@@ -96,20 +91,29 @@ impl StoreEnv {
 
     /// Options of a task store's data column family: [`StoreEnv::db_options`] with a bloom filter
     /// over each memtable's keys. Most lookups are of keys the memtable lacks (new payments,
-    /// entities flushed or never seen), and the filter spares them the skip-list search: 13% of
-    /// `cargo bench --bench process` on `entities-256B-1M` before, 5% after (docs/performance.md).
+    /// entities flushed or never seen), and the filter spares them the skip-list search, which
+    /// fell from 13% to 5% of the samples of `cargo bench --bench process` on `entities-256B-1M`
+    /// (docs/performance.md).
     pub fn data_cf_options(&self) -> Options {
         let mut opts = self.db_options();
-        // A share of `write_buffer_size`, which `db_options` sets to the budget: 33 KiB per
-        // memtable at the default 16 MiB, 2 KiB at the smallest (1 MiB) budget.
+        // RocksDB sizes the filter as a share of `write_buffer_size`, which tally leaves at
+        // RocksDB's default (the budget decides flushes). So the share carries the budget: 33 KiB
+        // per memtable at the default 16 MiB, 2 KiB at the smallest (1 MiB). Setting
+        // `write_buffer_size` to the budget instead also shrank the arena blocks sized from it,
+        // and then a store on a full filesystem went on committing in one run of two
+        // (tests/hostile_operations.rs), which is not explained (docs/performance.md).
         opts.set_memtable_whole_key_filtering(true);
-        opts.set_memtable_prefix_bloom_ratio(MEMTABLE_FILTER_SHARE);
+        opts.set_memtable_prefix_bloom_ratio(
+            MEMTABLE_FILTER_SHARE * self.write_buffer_bytes as f64 / ROCKSDB_WRITE_BUFFER_SIZE,
+        );
         opts
     }
 }
 
 /// The memtable bloom filter's share of the write-buffer budget, per data memtable.
 const MEMTABLE_FILTER_SHARE: f64 = 0.002;
+/// RocksDB's default `write_buffer_size` (`options.h`), which the filter's ratio is taken of.
+const ROCKSDB_WRITE_BUFFER_SIZE: f64 = (64 << 20) as f64;
 
 impl Default for StoreEnv {
     fn default() -> Self {
