@@ -63,6 +63,10 @@ impl StoreEnv {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_write_buffer_manager(&self.write_buffers);
+        // The shared budget decides flushes. Setting this to the budget shrank the arena blocks
+        // RocksDB sizes from it, and a store then went on committing on a full filesystem
+        // (docs/performance.md), so it stays at RocksDB's default.
+        opts.set_write_buffer_size(MEMTABLE_SIZE);
         // Data and the changelog offset share one WriteBatch; with several column families
         // atomic flush keeps them together on disk too.
         opts.set_atomic_flush(true);
@@ -96,15 +100,12 @@ impl StoreEnv {
     /// (docs/performance.md).
     pub fn data_cf_options(&self) -> Options {
         let mut opts = self.db_options();
-        // RocksDB sizes the filter as a share of `write_buffer_size`, which tally leaves at
-        // RocksDB's default (the budget decides flushes). So the share carries the budget: 33 KiB
-        // per memtable at the default 16 MiB, 2 KiB at the smallest (1 MiB). Setting
-        // `write_buffer_size` to the budget instead also shrank the arena blocks sized from it,
-        // and then a store on a full filesystem went on committing in one run of two
-        // (tests/hostile_operations.rs), which is not explained (docs/performance.md).
+        // RocksDB takes the filter's size as a share of `write_buffer_size` (fixed in
+        // `db_options`), so the share carries the budget: 33 KiB per memtable at the default
+        // 16 MiB, 2 KiB at the smallest (1 MiB).
         opts.set_memtable_whole_key_filtering(true);
         opts.set_memtable_prefix_bloom_ratio(
-            MEMTABLE_FILTER_SHARE * self.write_buffer_bytes as f64 / ROCKSDB_WRITE_BUFFER_SIZE,
+            MEMTABLE_FILTER_SHARE * self.write_buffer_bytes as f64 / MEMTABLE_SIZE as f64,
         );
         opts
     }
@@ -112,8 +113,9 @@ impl StoreEnv {
 
 /// The memtable bloom filter's share of the write-buffer budget, per data memtable.
 const MEMTABLE_FILTER_SHARE: f64 = 0.002;
-/// RocksDB's default `write_buffer_size` (`options.h`), which the filter's ratio is taken of.
-const ROCKSDB_WRITE_BUFFER_SIZE: f64 = (64 << 20) as f64;
+/// Each memtable's `write_buffer_size`: RocksDB's default (`options.h`), set explicitly because
+/// the memtable filter is sized as a share of it.
+const MEMTABLE_SIZE: usize = 64 << 20;
 
 impl Default for StoreEnv {
     fn default() -> Self {

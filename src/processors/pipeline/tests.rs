@@ -161,20 +161,19 @@ fn hop_input(payload: &[u8]) -> Input<'_> {
 #[test]
 fn rekey_renders_the_repartition_key_or_rejects() {
     let (p, _s, _tmp) = setup_hop("");
-    let input = hop_input;
     assert_eq!(
-        p.rekey(&input(br#"{"payment_id":"P9","status":"PAID","amount":1}"#), false)
+        p.rekey(&hop_input(br#"{"payment_id":"P9","status":"PAID","amount":1}"#), false)
             .map(|r| (r.key, r.correlation_id)),
         Ok(("P9".to_string(), None))
     );
-    let traced = p.rekey(&input(br#"{"payment_id":"P9","status":"PAID"}"#), true);
+    let traced = p.rekey(&hop_input(br#"{"payment_id":"P9","status":"PAID"}"#), true);
     assert_eq!(
         traced.map(|r| r.correlation_id),
         Ok(Some(correlation::derive("P9:PAID"))),
         "the correlation id is derived from the business key"
     );
     let rejected = p
-        .rekey(&input(br#"{"status":"PAID"}"#), false)
+        .rekey(&hop_input(br#"{"status":"PAID"}"#), false)
         .expect_err("no payment_id");
     assert!(matches!(
         rejected.decision,
@@ -188,13 +187,12 @@ fn rekey_renders_the_repartition_key_or_rejects() {
 #[test]
 fn the_hop_decodes_only_its_key_yet_checks_the_whole_value_and_keeps_the_correlation_of_a_rejection() {
     let (p, _s, _tmp) = setup_hop("\n    correlation_id: { field: correlation_id }");
-    let input = hop_input;
     let bad_elsewhere = p
-        .rekey(&input(br#"{"payment_id":"P9","skipped":[1,}"#), false)
+        .rekey(&hop_input(br#"{"payment_id":"P9","skipped":[1,}"#), false)
         .expect_err("invalid JSON in a field the hop skips");
     assert_eq!(reason(&bad_elsewhere), Some(Reason::InvalidJson));
     let no_key = p
-        .rekey(&input(br#"{"status":"PAID","correlation_id":"C-7"}"#), false)
+        .rekey(&hop_input(br#"{"status":"PAID","correlation_id":"C-7"}"#), false)
         .expect_err("no payment_id");
     assert_eq!(reason(&no_key), Some(Reason::MissingKeyField));
     assert_eq!(
