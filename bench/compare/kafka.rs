@@ -1,7 +1,7 @@
 //! Broker helpers of the benchmark: topics, preloading, watermarks and on-disk sizes.
 
 use anyhow::{anyhow, bail, Context, Result};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -77,6 +77,24 @@ pub fn delete_prefixed(prefix: &str) -> Result<()> {
         r.map_err(|(t, e)| anyhow!("deleting topic {t}: {e}"))?;
     }
     Ok(())
+}
+
+/// The value of broker setting `name` on the first broker of the cluster, as the broker reports it.
+pub fn broker_setting(name: &str) -> Result<Option<String>> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap()).create()?;
+    let md = consumer
+        .fetch_metadata(None, TIMEOUT)
+        .context("reading the cluster's brokers")?;
+    let broker = md.brokers().first().context("the cluster lists no broker")?.id();
+    let opts = AdminOptions::new().request_timeout(Some(TIMEOUT));
+    let results = block_on(admin()?.describe_configs(&[ResourceSpecifier::Broker(broker)], &opts))?
+        .context("describing the broker's configuration")?;
+    let mut value = None;
+    for r in results {
+        let resource = r.map_err(|e| anyhow!("describing broker {broker}'s configuration: {e}"))?;
+        value = value.or_else(|| resource.get(name).and_then(|e| e.value.clone()));
+    }
+    Ok(value)
 }
 
 /// A producer for input whose order within a partition matters (not transactional, large

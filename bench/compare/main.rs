@@ -38,6 +38,9 @@ fn main() -> Result<()> {
     let log_dir = std::env::temp_dir().join(format!("tally-bench-{}", std::process::id()));
     std::fs::create_dir_all(&log_dir).with_context(|| format!("creating {}", log_dir.display()))?;
     eprintln!("bench: contender logs in {}", log_dir.display());
+    // Deleted topics' files outlive a run by this long: a broker that deletes them only after
+    // a later run started slows it (RESULTS.md's spread note).
+    let delete_delay = kafka::broker_setting(report::DELETE_DELAY)?.unwrap_or_else(|| "not reported".to_string());
     host::watch_stalls();
     let started_at = Instant::now();
     let started = utc_now();
@@ -50,6 +53,7 @@ fn main() -> Result<()> {
         load: (load_before, loadavg()),
         steal: host::steal_text(ticks_before, host::CpuTicks::now()),
         stalls: host::Stalls::between(started_at, Instant::now()),
+        delete_delay,
     };
     std::fs::write(&o.out, report::render(&o, &results, &ctx, &repo))
         .with_context(|| format!("writing {}", o.out.display()))?;
