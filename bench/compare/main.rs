@@ -40,7 +40,11 @@ fn main() -> Result<()> {
     eprintln!("bench: contender logs in {}", log_dir.display());
     // Deleted topics' files outlive a run by this long: a broker that deletes them only after
     // a later run started slows it (RESULTS.md's spread note).
-    let delete_delay = kafka::broker_setting(report::DELETE_DELAY)?.unwrap_or_else(|| "not reported".to_string());
+    let delete_delay = match kafka::broker_setting(report::DELETE_DELAY) {
+        Ok(Some(value)) => value,
+        Ok(None) => "not reported by the broker".to_string(),
+        Err(e) => format!("not read ({e:#})"),
+    };
     host::watch_stalls();
     let started_at = Instant::now();
     let started = utc_now();

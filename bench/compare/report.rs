@@ -85,13 +85,12 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
          has every repeat). A ceiling is the most the machine does: a repeat slower than another on \
          the same input met interference (the broker's collector, work on the other core, in some \
          repeats about twice the CPU per record), not a lower ceiling, and a median of three kept \
-         such a repeat whenever two of them met it. The broker removes a deleted topic's files at \
-         once (`{DELETE_DELAY}` 0 in `deploy/local`): with Kafka's default of 60 s, each run's \
-         topics (about 2 GB for a 1 KB two-hop ceiling) were removed a minute later, during a later \
-         run, and the repeats that met it used up to twice the CPU per record (a ceilings-only \
-         series on `payments-1KB-dup0`: 60,487–142,518 records/s over 9 repeats with the default, \
-         116,427–129,444 with 0). The targets table says whether each ceiling's min–max stayed \
-         within ±20% of its median.",
+         such a repeat whenever two of them met it. The header's `{DELETE_DELAY}` is how long the \
+         broker kept a deleted topic's files: `deploy/local` sets 0, because with Kafka's default \
+         of 60 s each run's topics (about 2 GB for a 1 KB two-hop ceiling) were removed during a \
+         later run, which then used up to twice the CPU per record (`docs/performance.md` has the \
+         series). The targets table says whether each ceiling's min–max stayed within ±20% of its \
+         median.",
         int(o.ceiling_records as f64),
         o.ceiling_repeats
     );
