@@ -125,7 +125,7 @@ fn check_pod(m: &HashMap<String, Value>, pod: &Value, topology_arg: &str, port: 
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/health/ready");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/health/live");
 
-    // SIGTERM's last commit waits at most 10 s per step (deliveries, offsets, commit, abort).
+    // SIGTERM's last commit waits at most 10 s per step (offsets, deliveries, commit, abort).
     let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("a grace period");
     assert!(grace >= 40, "the grace period covers the last commit: {grace}s");
     topology

@@ -209,8 +209,10 @@ impl TxnProducer {
     ) -> Result<Delivered, (KafkaError, TxnStep)> {
         self.begin().map_err(|e| (e, TxnStep::Produce))?;
         let started = Instant::now();
-        self.await_deliveries();
-        let delivered_at = Instant::now();
+        // The offsets go first: their round trips to the two coordinators (AddOffsetsToTxn,
+        // TxnOffsetCommit) then overlap the last produce requests' acknowledgements instead of
+        // following them. Order does not matter to the outcome: a record that fails after the
+        // offsets joined makes the transaction abortable, and it is aborted whole.
         if offsets.count() > 0 {
             self.retry(self.timeout, |call| {
                 self.producer.send_offsets_to_transaction(offsets, group, call)
@@ -224,6 +226,8 @@ impl TxnProducer {
             ));
         }
         let offsets_at = Instant::now();
+        self.await_deliveries();
+        let delivered_at = Instant::now();
         self.retry(self.timeout, |call| self.producer.commit_transaction(call))
             .map_err(|e| (e, TxnStep::EndTxn))?;
         if faults::hit(Point::CommitOutcomeUnknown) {
@@ -234,9 +238,9 @@ impl TxnProducer {
         }
         self.in_transaction = false;
         tracing::debug!(
-            deliveries_us = delivered_at.duration_since(started).as_micros() as u64,
-            offsets_us = offsets_at.duration_since(delivered_at).as_micros() as u64,
-            commit_us = offsets_at.elapsed().as_micros() as u64,
+            offsets_us = offsets_at.duration_since(started).as_micros() as u64,
+            deliveries_us = delivered_at.duration_since(offsets_at).as_micros() as u64,
+            commit_us = delivered_at.elapsed().as_micros() as u64,
             offsets = %describe(offsets),
             "transaction committed"
         );

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(50);
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(30);
 /// Once a stop is requested, how long each wait for the cluster (the step under way, then each
-/// step of the last commit: deliveries, offsets, commit, or the abort after a failure) has left,
+/// step of the last commit: offsets, deliveries, commit, or the abort after a failure) has left,
 /// instead of 30 s: with the cluster away, SIGTERM ends the instance in well under a minute.
 const SHUTDOWN_COMMIT: Duration = Duration::from_secs(10);
 /// Commit early when a transaction has this many records, to bound the overlay's memory.
