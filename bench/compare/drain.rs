@@ -1,7 +1,7 @@
 //! One throughput run: a contender drains a preloaded input; the harness watches its output.
 
 use crate::contender::{self, Contender, Passes, Programs, RunNames};
-use crate::host::Stalls;
+use crate::host::{CpuTicks, Stalls};
 use crate::kafka;
 use crate::probe;
 use crate::workload::Workload;
@@ -40,6 +40,11 @@ pub struct Sample {
     /// Moments the machine did not run the harness, between the contender's start and its last
     /// output.
     pub stalls: Stalls,
+    /// Share of the machine's CPU time neither idle nor stolen over the window, in percent.
+    pub machine_busy_pct: Option<f64>,
+    /// The contender's busiest thread over the window: its name, the cores it ran on and the
+    /// cores' worth of time it waited for one.
+    pub busiest_thread: Option<(String, f64, f64)>,
 }
 
 /// Inputs of a run.
@@ -133,6 +138,8 @@ pub fn run(c: Contender, d: &Drain<'_>, id: &str, programs: &Programs, log_dir: 
         outputs: watched.outputs,
         expected,
         stalls,
+        machine_busy_pct: watched.machine_busy_pct,
+        busiest_thread: watched.busiest_thread,
     })
 }
 
@@ -151,11 +158,16 @@ pub struct Watched {
     pub broker_cpu_s: Option<f64>,
     /// Peak RSS of each process, MiB, in their order.
     pub peak_rss_mib: Vec<f64>,
+    /// Share of the machine's CPU time neither idle nor stolen over that window, in percent.
+    pub machine_busy_pct: Option<f64>,
+    /// The first process's busiest thread over that window (see [`probe::busiest_thread`]).
+    pub busiest_thread: Option<(String, f64, f64)>,
 }
 
 /// Reads `reader` until `expected` outputs arrived (failing after `timeout` from `started`, or
 /// when a process exits), then a second more to catch outputs past the count; measures the
-/// processes' CPU, and the `broker` processes', between the first and the last expected output.
+/// processes' CPU, and the `broker` processes', between the first and the last expected output,
+/// with how busy the machine was and the first process's busiest thread over that window.
 pub fn watch(
     reader: &rdkafka::consumer::BaseConsumer,
     expected: usize,
@@ -171,7 +183,9 @@ pub fn watch(
             .sum()
     };
     let mut seen = 0usize;
+    let threads = |procs: &[contender::Running]| procs.first().map(|p| probe::thread_times(p.pid));
     let mut first: Option<(Instant, f64, Option<f64>)> = None;
+    let mut first_load = None;
     let mut last_check = Instant::now();
     while seen < expected {
         if started.elapsed() > timeout {
@@ -188,6 +202,7 @@ pub fn watch(
             seen += 1;
             if first.is_none() {
                 first = Some((Instant::now(), cpu(procs), probe::cpu_s(broker)));
+                first_load = Some((CpuTicks::now(), threads(procs)));
             }
         }
         if last_check.elapsed() > Duration::from_millis(500) {
@@ -204,6 +219,7 @@ pub fn watch(
         .sum::<Option<f64>>()
         .context("a contender vanished")?;
     let end_broker_cpu = probe::cpu_s(broker);
+    let end_load = (CpuTicks::now(), threads(procs));
     // A short extra read catches outputs past the expected count (duplicates leaking through).
     let extra_until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < extra_until {
@@ -219,12 +235,18 @@ pub fn watch(
         .map(|p| probe::usage(p.pid).map_or(0.0, |u| u.peak_rss_mib))
         .collect();
     let (first_at, first_cpu, first_broker_cpu) = first.context("no output seen")?;
+    let window_s = done.duration_since(first_at).as_secs_f64().max(1e-3);
+    let (first_ticks, first_threads) = first_load.unwrap_or_default();
     Ok(Watched {
         outputs: seen,
         startup_s: first_at.duration_since(started).as_secs_f64(),
-        window_s: done.duration_since(first_at).as_secs_f64().max(1e-3),
+        window_s,
         cpu_s: end_cpu - first_cpu,
         broker_cpu_s: first_broker_cpu.zip(end_broker_cpu).map(|(a, b)| b - a),
         peak_rss_mib,
+        machine_busy_pct: first_ticks.zip(end_load.0).and_then(|(a, b)| b.busy_since(&a)),
+        busiest_thread: first_threads
+            .zip(end_load.1)
+            .and_then(|(a, b)| probe::busiest_thread(&a, &b, window_s)),
     })
 }

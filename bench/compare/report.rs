@@ -1,6 +1,7 @@
 //! Writes the results file: the machine, the command, the tables and the issue's targets.
 
 use crate::contender::Contender;
+use crate::drain::Sample;
 use crate::latency::Latency;
 use crate::options::Options;
 use crate::scale::{self, ScaleResults};
@@ -241,7 +242,7 @@ fn spread(v: &[f64]) -> String {
 }
 
 /// Per-round ratios of `metric` between two contenders.
-fn ratios(r: &WorkloadResult, a: Contender, b: Contender, metric: fn(&crate::drain::Sample) -> f64) -> Vec<f64> {
+fn ratios(r: &WorkloadResult, a: Contender, b: Contender, metric: fn(&Sample) -> f64) -> Vec<f64> {
     r.of(a)
         .iter()
         .filter_map(|x| {
@@ -335,7 +336,7 @@ fn costs(w: &mut String, r: &Results) {
             if s.is_empty() {
                 continue;
             }
-            let med = |f: fn(&crate::drain::Sample) -> f64| median(s.iter().map(|x| f(x)).collect()).unwrap_or(0.0);
+            let med = |f: fn(&Sample) -> f64| median(s.iter().map(|x| f(x)).collect()).unwrap_or(0.0);
             let changelog = median(s.iter().filter_map(|x| x.changelog_bytes_per_record).collect())
                 .map_or("–".to_string(), |b| format!("{b:.1}"));
             let broker = median(s.iter().filter_map(|x| x.broker_cpu_s_per_m).collect())
@@ -538,7 +539,10 @@ fn targets(w: &mut String, o: &Options, r: &Results) {
     let _ = writeln!(
         w,
         "Where a ceiling target is missed, the row below it gives the cores that target would take at \
-         tally's measured CPU per record; where the latency target is missed, the row below it gives \
+         tally's measured CPU per record, and how busy the machine was during tally's drains and what \
+         tally's busiest thread (its one stream thread) ran and waited for: tally's records go through \
+         that thread, so one that waits for a core is bound by the machine even where the cores add \
+         up; where the latency target is missed, the row below it gives \
          how much of a core tally's stream thread ran and waited for, and tally's p99 at a lower rate. \
          `docs/performance.md` has the profiles behind these figures and the design changes that would \
          reach the targets.\n"
@@ -696,7 +700,9 @@ fn slack_row(w: &mut String, half: &Latency, r: &Results) {
 /// The row that says whether the ceiling target fits this machine at all: 0.75× the ceiling's
 /// rate at the CPU per record measured in tally's runs (tally's, plus the broker's where its
 /// processes are known) needs that many cores, against the machine's; and the CPU per record
-/// that would fit. Beside it, the cores the ceiling's own runs used, passthrough and broker.
+/// that would fit. Beside it, the cores the ceiling's own runs used, passthrough and broker, and
+/// how full the machine was in tally's runs: a stream thread that waited for a core was bound by
+/// the machine, whatever the sum of cores says.
 fn cores_needed(w: &mut String, wr: &WorkloadResult, bound: Contender) {
     let cpu = |c: Contender| {
         let s = wr.of(c);
@@ -742,10 +748,32 @@ fn cores_needed(w: &mut String, wr: &WorkloadResult, bound: Contender) {
     let _ = writeln!(
         w,
         "| cores tally needs at 0.75× the {} (that rate × {counted}) | {} | \
-         {needed:.1} cores at {measured}; {cores:.0} cores allow ≤ {allowed:.2}{gap}{ceiling_used} | {verdict} |",
+         {needed:.1} cores at {measured}; {cores:.0} cores allow ≤ {allowed:.2}{gap}{ceiling_used}{} | {verdict} |",
         bound.name(),
         wr.workload.name,
+        tally_load(&wr.of(Contender::Tally)),
     );
+}
+
+/// How busy the machine was during tally's drains and what its busiest thread (the stream
+/// thread) ran and waited for, medians over the runs; empty where not measured.
+fn tally_load(runs: &[&Sample]) -> String {
+    let busy = median(runs.iter().filter_map(|s| s.machine_busy_pct).collect());
+    let threads: Vec<&(String, f64, f64)> = runs.iter().filter_map(|s| s.busiest_thread.as_ref()).collect();
+    let ran = median(threads.iter().map(|t| t.1).collect());
+    let waited = median(threads.iter().map(|t| t.2).collect());
+    let mut parts = Vec::new();
+    if let Some(busy) = busy {
+        parts.push(format!("the machine was {busy:.0}% busy"));
+    }
+    if let (Some(name), Some(ran), Some(waited)) = (threads.first().map(|t| &t.0), ran, waited) {
+        parts.push(format!("`{name}` ran {ran:.2} cores and waited {waited:.2} for one"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("; in tally's runs {}", parts.join(", "))
+    }
 }
 
 fn git_commit(repo: &Path) -> String {
