@@ -274,24 +274,45 @@ fn run_loop(cfg: &ThreadConfig, consumer: &BaseConsumer<StreamContext>, topics: 
     Ok(())
 }
 
-/// Lets the consumer fetch `key`'s partition again once its task is ready: from `skipped_from`
-/// when records of it were handed out (and skipped) while the task was opening.
+/// Pauses or resumes the fetching of `key`'s partition.
+///
+/// Only ever for a partition that has handed out a record since it was assigned. librdkafka
+/// discards a partition operation older than the last one it served (a version barrier per
+/// partition), and the operation that starts an assigned partition's fetching takes its version
+/// before it is queued: a pause or resume from this thread that lands in between is served first,
+/// and the start is then dropped as outdated, so the partition never fetches (librdkafka issues
+/// #2190 and #5591). A partition that handed out a record has started, so nothing is left to
+/// drop.
+fn set_paused(
+    consumer: &BaseConsumer<StreamContext>,
+    key: &(String, i32),
+    paused: bool,
+) -> rdkafka::error::KafkaResult<()> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&key.0, key.1);
+    if paused {
+        consumer.pause(&tpl)
+    } else {
+        consumer.resume(&tpl)
+    }
+}
+
+/// Reads `key`'s partition again from `skipped_from` once its task is ready, where records of it
+/// were handed out (and skipped, the partition paused) while the task was opening. A partition
+/// that handed out nothing meanwhile was never paused: its fetch goes on as it is.
 fn resume(
     consumer: &BaseConsumer<StreamContext>,
     key: &(String, i32),
     skipped_from: Option<i64>,
 ) -> Result<(), EngineError> {
-    let (topic, partition) = (key.0.as_str(), key.1);
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, partition);
-    consumer
-        .resume(&tpl)
+    let Some(offset) = skipped_from else {
+        return Ok(());
+    };
+    set_paused(consumer, key, false)
         .map_err(|e| EngineError::from_kafka(e, "resuming the partition of a task that is ready"))?;
-    if let Some(offset) = skipped_from {
-        consumer
-            .seek(topic, partition, Offset::Offset(offset), KAFKA_TIMEOUT)
-            .map_err(|e| EngineError::from_kafka(e, "reading again what was fetched while the task restored"))?;
-    }
+    consumer
+        .seek(&key.0, key.1, Offset::Offset(offset), KAFKA_TIMEOUT)
+        .map_err(|e| EngineError::from_kafka(e, "reading again what was fetched while the task restored"))?;
     Ok(())
 }
 
@@ -394,9 +415,21 @@ impl ThreadState {
         self.lookup.1 = msg.partition();
         let Some(task) = self.tasks.get_mut(&self.lookup) else {
             if let Some(opening) = self.opening.iter_mut().find(|o| o.key == self.lookup) {
-                // Paused while its task restores, but fetched before the pause took hold: read
-                // again once the task is ready.
-                opening.skipped_from.get_or_insert(msg.offset());
+                // Its task is still opening: pause the partition at its first record (the fetch
+                // has started, so the pause cannot drop the start: `set_paused`) and read again
+                // from there once the task is ready. Records fetched before the pause took hold
+                // are skipped the same way.
+                if opening.skipped_from.is_none() {
+                    opening.skipped_from = Some(msg.offset());
+                    if let Err(e) = set_paused(consumer, &self.lookup, true) {
+                        tracing::warn!(
+                            topic = msg.topic(),
+                            partition = msg.partition(),
+                            error = %e,
+                            "could not pause a partition whose task is opening; its records are skipped until it is ready"
+                        );
+                    }
+                }
                 return Ok(());
             }
             // Every assigned partition's task is opened before a record is processed, so this

@@ -47,8 +47,8 @@ pub(super) struct Opening {
     restored: usize,
     /// Until when a held directory lock is waited for, and when to try it again.
     lock_wait: Option<(Instant, Instant)>,
-    /// The first offset the consumer handed out before the task was ready (its records are
-    /// read again from there once it is).
+    /// The first offset the consumer handed out before the task was ready: the partition is
+    /// paused from then on, and read again from there once the task is ready.
     pub(super) skipped_from: Option<i64>,
 }
 

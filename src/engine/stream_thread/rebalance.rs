@@ -62,8 +62,15 @@ impl ConsumerContext for StreamContext {
                         tracing::info!(topic = el.topic(), partition = el.partition(), "task closed (revoked)");
                     }
                     if let Some(i) = st.opening.iter().position(|o| o.key == key) {
-                        st.opening.swap_remove(i);
+                        let opening = st.opening.swap_remove(i);
                         st.cfg.health.restoring(-1);
+                        // librdkafka keeps a partition's pause across assignments: one paused
+                        // here would not fetch when assigned again.
+                        if opening.skipped_from.is_some() {
+                            if let Err(e) = super::set_paused(consumer, &key, false) {
+                                tracing::warn!(topic = el.topic(), partition = el.partition(), error = %e, "could not resume a revoked partition paused while its task was opening");
+                            }
+                        }
                     }
                 }
             }
@@ -88,8 +95,8 @@ impl ConsumerContext for StreamContext {
                     .map(|e| format!("{}[{}]", e.topic(), e.partition()))
                     .collect();
                 tracing::info!(partitions = %parts.join(","), "partitions assigned");
-                // Tasks open and restore between the next polls, their partitions paused meanwhile
-                // (`post_rebalance`).
+                // Tasks open and restore between the next polls; a partition that hands out a
+                // record before its task is ready is paused then (`ThreadState::process`).
                 for el in tpl.elements() {
                     let key = (el.topic().to_string(), el.partition());
                     if st.tasks.contains_key(&key) || st.opening.iter().any(|o| o.key == key) {
@@ -111,17 +118,6 @@ impl ConsumerContext for StreamContext {
                 }
             }
             Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
-        }
-    }
-
-    /// Newly assigned partitions wait, paused, until their tasks have restored.
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
-            if let Err(e) = consumer.pause(tpl) {
-                // Records fetched for them anyway are skipped and read again once their task
-                // is ready (`Opening::skipped_from`).
-                tracing::warn!(error = %e, "could not pause the partitions whose tasks are restoring");
-            }
         }
     }
 }
