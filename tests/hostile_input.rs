@@ -113,6 +113,125 @@ fn a_record_whose_output_outgrows_the_producer_limit_costs_one_dead_letter_not_t
     tally.stop();
 }
 
+/// A correlation id of nearly a megabyte: the record's dead letter and trace records carry it
+/// twice or escaped six times over, past the limit. Before they shrank it, the refused record's
+/// own dead letter did not fit either, and the partition retried it forever.
+#[test]
+fn a_correlation_id_near_the_limit_costs_at_most_its_record_not_the_partition() {
+    let names = Names::new("long-correlation");
+    create_topics(&[
+        (&names.input, 1),
+        (&names.output, 2),
+        (&names.dlq, 1),
+        (&names.trace, 1),
+    ]);
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    // `huge` makes every output of its record too large; `control` fits an output but not a
+    // trace record, where each of its bytes is escaped as `\u0001`.
+    let huge = "h".repeat(999_800);
+    let control = "\u{1}".repeat(200_000);
+    for i in 0..100 {
+        let hs = headers::add(
+            OwnedHeaders::new(),
+            b"correlation_id",
+            Some(format!("c-{i}").as_bytes()),
+        );
+        let body = payment(i);
+        producer
+            .send(BaseRecord::to(&names.input).key("k").payload(&body).headers(hs))
+            .expect("enqueue");
+        if i == 49 {
+            for (n, id) in [(1000, &huge), (1001, &control)] {
+                let hs = headers::add(OwnedHeaders::new(), b"correlation_id", Some(id.as_bytes()));
+                let body = payment(n);
+                producer
+                    .send(BaseRecord::to(&names.input).key("k").payload(&body).headers(hs))
+                    .expect("enqueue");
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).expect("flush");
+
+    let yaml = r#"
+application_id: ${TALLY_APP_ID}
+kafka: { bootstrap_servers: "${KAFKA_BOOTSTRAP}" }
+processing: { commit_interval_ms: 100, max_record_bytes: 1048576 }
+state: { dir: "${TALLY_STATE_DIR}" }
+sources:
+  payments: { topic: "${TALLY_INPUT_TOPIC}" }
+pipelines:
+  - name: payments
+    from: payments
+    repartition: { key: "{payment_id}" }
+    key: "{payment_id}:{status}"
+    routes:
+      - when: { event_type: "payment.*" }
+        strategy: ignore
+    to: { topic: "${TALLY_OUTPUT_TOPIC}", key: "{payment_id}" }
+dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
+trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
+"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tally = Tally::start_yaml(yaml, &names, dir.path(), "i1");
+    let out = read_committed(&names.output, 101, Duration::from_secs(90));
+    let dlq = read_committed(&names.dlq, 1, Duration::from_secs(30));
+    let traces = read_committed(&names.trace, 1000, Duration::from_secs(10));
+    tally.stop();
+
+    let out_ids: Vec<&[u8]> = out.iter().filter_map(|m| m.key()).collect();
+    assert_eq!(
+        out.len(),
+        101,
+        "every record but the huge one comes out: {} did",
+        out.len()
+    );
+    assert!(out_ids.contains(&b"P-1001".as_slice()) && !out_ids.contains(&b"P-1000".as_slice()));
+    let control_out = out
+        .iter()
+        .find(|m| m.key() == Some(b"P-1001".as_slice()))
+        .expect("P-1001");
+    assert_eq!(
+        header(control_out, "correlation_id").as_deref(),
+        Some(control.as_str()),
+        "an output that fits keeps the whole id"
+    );
+
+    assert_eq!(dlq.len(), 1, "one dead letter");
+    assert_eq!(
+        header(&dlq[0], "tally.error.reason").as_deref(),
+        Some("output_too_large")
+    );
+    assert_eq!(header(&dlq[0], "tally.source.offset").as_deref(), Some("50"));
+    let derived = |id: &str| tally::processors::correlation::derive(id);
+    assert_eq!(
+        header(&dlq[0], "correlation_id"),
+        Some(derived(&huge)),
+        "the dead letter carries the id derived from the long one"
+    );
+    assert!(dlq[0].payload().is_none(), "the payload is left out, not the reason");
+    assert_eq!(
+        header(&dlq[0], "tally.error.payload_omitted").as_deref(),
+        Some(payment(1000).len().to_string().as_str())
+    );
+
+    let trace_ids: Vec<String> = traces
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<serde_json::Value>(m.payload()?).ok())
+        .filter_map(|v| Some(v["correlation_id"].as_str()?.to_string()))
+        .collect();
+    for id in [derived(&huge), derived(&control), "c-99".to_string()] {
+        assert!(trace_ids.contains(&id), "a trace record carries {id}");
+    }
+    assert!(
+        trace_ids.iter().all(|id| id.len() <= 1024),
+        "no trace record carries a long id"
+    );
+}
+
 /// The same limit on the changelog: a merged state that would outgrow what tally can write is
 /// refused with the increment that grew it, though that record's own output (the increment)
 /// fits. Changelog records leave at the commit, so without the check the commit itself would

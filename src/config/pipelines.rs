@@ -258,8 +258,11 @@ fn map_ids(c: &mut Collector, raw: Vec<Spanned<RawMapIds>>, label: &str) -> Opti
             ok = false;
         }
         for (name, system) in [("from_system", &spec.from_system), ("to_system", &spec.to_system)] {
-            if system.contains('/') {
-                c.at_loc(at, format!("{label}: `{name}` may not contain `/`"));
+            if system.contains(crate::processors::idmap::SYSTEM_SEPARATORS) {
+                c.at_loc(
+                    at,
+                    format!("{label}: `{name}` may not contain `/` or `:` (the separators of ID-mapping keys)"),
+                );
                 ok = false;
             }
         }

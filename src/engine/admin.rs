@@ -131,6 +131,24 @@ fn partition_count(admin: &AdminClient<DefaultClientContext>, topic: &str) -> Re
 /// librdkafka's default `message.max.bytes`, when `kafka.properties` does not set it.
 const PRODUCER_DEFAULT_MAX_BYTES: usize = 1_000_000;
 
+/// The smallest write limit tally starts with. What a refused record leaves (its dead letter
+/// with the reason, a detail of up to 1,024 characters, the source's coordinates and a
+/// correlation id of up to `correlation::MAX_CARRIED_BYTES`; its trace records, where that id
+/// may be escaped to six times its length) stays under 9 KiB, so it always fits: a record that
+/// cannot be written is dead-lettered instead of being retried forever.
+pub const MIN_WRITE_LIMIT: usize = 16 * 1024;
+
+/// Refuses a write limit under [`MIN_WRITE_LIMIT`], naming what sets it.
+pub fn check_write_limit(limit: usize, by: &str) -> Result<()> {
+    if limit < MIN_WRITE_LIMIT {
+        bail!(
+            "the largest record tally can write is {limit} bytes, set by {by}; tally needs at least \
+             {MIN_WRITE_LIMIT} so that a record it refuses always fits a dead letter; raise {by}"
+        );
+    }
+    Ok(())
+}
+
 /// The largest record the producer sends, and what sets it: `kafka.properties`'
 /// `message.max.bytes` or librdkafka's default. The topics' own limits come on top (see
 /// [`write_limit`]).

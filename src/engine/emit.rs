@@ -3,7 +3,7 @@
 
 use super::headers;
 use super::producer::{Outgoing, TxnProducer};
-use crate::processors::{Decision, Processed, Reason, Rejection};
+use crate::processors::{correlation, Decision, Processed, Reason, Rejection};
 use crate::store::Change;
 use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
 use crate::wire::{
@@ -13,6 +13,7 @@ use crate::wire::{
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::Message;
+use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -178,27 +179,41 @@ impl Emitter {
         outcome: Option<Outcome>,
     ) -> Result<(), ProcessError> {
         let Some(sink) = &self.trace else { return Ok(()) };
-        let record = TraceRecord {
-            format: FORMAT,
-            event_id,
-            idempotency_key: key,
-            correlation_id,
-            node: &sink.node,
-            status,
-            outcome,
-            timestamp_ms: now_ms(),
-            reason: None,
+        let encode = |correlation_id: &str| {
+            let record = TraceRecord {
+                format: FORMAT,
+                event_id,
+                idempotency_key: key,
+                correlation_id,
+                node: &sink.node,
+                status,
+                outcome,
+                timestamp_ms: now_ms(),
+                reason: None,
+            };
+            let headers = OwnedHeaders::new().insert(header(&self.correlation_header, correlation_id));
+            sink.encode(&record).map(|(k, v)| (k, v, headers))
         };
-        let Some((k, v)) = sink.encode(&record) else {
+        let Some(mut record) = encode(correlation_id) else {
             return Ok(());
         };
+        // The id is in the value and a header, escaped in the value (up to 6 bytes a byte): a
+        // long one is shortened rather than refusing the record, so the trace records of a
+        // refused record (written without its idempotency key) always fit.
+        let fits = |(k, v, h): &(String, Vec<u8>, OwnedHeaders)| producer.fits(Some(k.as_bytes()), Some(v), Some(h));
+        if !fits(&record) {
+            if let Cow::Owned(shorter) = correlation::carried(correlation_id) {
+                record = encode(&shorter).unwrap_or(record);
+            }
+        }
+        let (k, v, headers) = record;
         producer
             .send(Outgoing {
                 topic: &sink.topic,
                 partition: None,
                 key: Some(k.as_bytes()),
                 payload: Some(&v),
-                headers: Some(OwnedHeaders::new().insert(header(&self.correlation_header, correlation_id))),
+                headers: Some(headers),
             })
             .map_err(ProcessError::Kafka)
     }
@@ -340,20 +355,22 @@ impl Emitter {
             Some((cut, _)) => &detail[..cut],
             None => detail.as_str(),
         };
-        let ours = |copied: OwnedHeaders| {
+        let ours = |copied: OwnedHeaders, correlation_id: &str| {
             place.dead_letter_headers(
                 copied
-                    .insert(header(&self.correlation_header, &processed.correlation_id))
+                    .insert(header(&self.correlation_header, correlation_id))
                     .insert(header(REASON_HEADER, reason.as_str()))
                     .insert(header(DETAIL_HEADER, detail)),
             )
         };
         // A dead letter must always fit: what makes it too large is left out, payload first,
-        // then the key, then the input's own headers; the reason and the source's coordinates
-        // (to fetch the original from the source topic) always stay.
+        // then the key, then the input's own headers and the length of a long correlation id;
+        // the reason and the source's coordinates (to fetch the original from the source
+        // topic) always stay.
+        let corr = processed.correlation_id.as_str();
         let mut key = original_key(msg, self.trusts_source_headers);
         let mut payload = msg.payload();
-        let mut headers = ours(headers::copy_except(msg, &self.correlation_header));
+        let mut headers = ours(headers::copy_except(msg, &self.correlation_header), corr);
         if !producer.fits(key, payload, Some(&headers)) {
             let omitted = payload.map_or(0, <[u8]>::len).to_string();
             payload = None;
@@ -362,7 +379,8 @@ impl Emitter {
                 key = None;
             }
             if !producer.fits(key, payload, Some(&headers)) {
-                headers = ours(OwnedHeaders::new()).insert(header(PAYLOAD_OMITTED_HEADER, &omitted));
+                headers = ours(OwnedHeaders::new(), &correlation::carried(corr))
+                    .insert(header(PAYLOAD_OMITTED_HEADER, &omitted));
             }
         }
         let out = Outgoing {

@@ -104,6 +104,7 @@ pub async fn run(
                 Cluster::Kafka => admin::write_limit(&t, &rt),
                 Cluster::Mock => admin::producer_limit(&t),
             }?;
+            admin::check_write_limit(limit, &by)?;
             anyhow::Ok((limit, by, partitions))
         })
         .await

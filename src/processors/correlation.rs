@@ -2,6 +2,7 @@
 
 use crate::topology::CorrelationSpec;
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use uuid::Uuid;
 
 /// Namespace for derived ids, so the same seed gives the same id in every instance and replay.
@@ -30,6 +31,22 @@ pub fn derive(seed: &str) -> String {
     Uuid::new_v5(&NAMESPACE, seed.as_bytes()).to_string()
 }
 
+/// The longest correlation id a dead letter or trace record of a refused record carries as it
+/// came; with the other parts tally bounds, this keeps such records far under any write limit
+/// tally starts with (`engine::admin::MIN_WRITE_LIMIT`).
+pub const MAX_CARRIED_BYTES: usize = 1024;
+
+/// `id`, or when it is longer than [`MAX_CARRIED_BYTES`], the id [`derive`]d from it: for
+/// tally's own records that would not fit with the whole id (an input may carry an id of
+/// nearly a megabyte).
+pub fn carried(id: &str) -> Cow<'_, str> {
+    if id.len() <= MAX_CARRIED_BYTES {
+        Cow::Borrowed(id)
+    } else {
+        Cow::Owned(derive(id))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -49,6 +66,15 @@ mod tests {
         assert_eq!(resolve(&spec(), Some("from-header"), doc, "k"), "from-header");
         assert_eq!(resolve(&spec(), None, doc, "k"), "from-field");
         assert_eq!(resolve(&spec(), Some(""), None, "k"), derive("k"));
+    }
+
+    #[test]
+    fn only_ids_over_the_limit_are_replaced_by_one_derived_from_them() {
+        let limit = "c".repeat(MAX_CARRIED_BYTES);
+        assert_eq!(carried(&limit), limit.as_str());
+        let long = "c".repeat(MAX_CARRIED_BYTES + 1);
+        assert_eq!(carried(&long), derive(&long));
+        assert_ne!(carried(&long), carried(&"d".repeat(MAX_CARRIED_BYTES + 1)));
     }
 
     #[test]

@@ -14,6 +14,11 @@ use uuid::Uuid;
 /// Namespace of derived internal ids, so every instance and replay derives the same id.
 const NAMESPACE: Uuid = Uuid::from_u128(0x3b0e_9a51_4c1d_4f7e_8e2a_51d0_7a1c_1d00);
 
+/// The characters a system name may not hold: the separators of the mapping keys
+/// (`ext/<system>/<id>`) and of the seed of derived internal ids (`<system>:<id>`). Ids may
+/// hold anything: with these out of the system name, every key reads back one way.
+pub const SYSTEM_SEPARATORS: [char; 2] = ['/', ':'];
+
 /// Key of an external id's record: `ext/<system>/<id>` → internal id.
 pub fn external_key(system: &str, id: &str) -> String {
     format!("{EXTERNAL_PREFIX}{system}/{id}")
@@ -122,10 +127,20 @@ pub fn parse_write_back(doc: &Map<String, Value>) -> Result<WriteBack, Rejection
             format!("write-back: field `{name}` is missing or not a non-empty string"),
         )),
     };
+    let system = |name: &str| {
+        let value = field(name)?;
+        if value.contains(SYSTEM_SEPARATORS) {
+            return Err(Rejection::new(
+                Reason::InvalidKeyField,
+                format!("write-back: field `{name}` names a system with `/` or `:` in it, which mapping keys use as separators"),
+            ));
+        }
+        Ok(value)
+    };
     Ok(WriteBack {
-        system: field("system")?,
+        system: system("system")?,
         external_id: field("external_id")?,
-        source_system: field("source_system")?,
+        source_system: system("source_system")?,
         source_id: field("source_id")?,
     })
 }
@@ -262,5 +277,21 @@ mod tests {
         );
         let bad = json!({"system": "erp"}).as_object().cloned().unwrap_or_default();
         assert!(parse_write_back(&bad).is_err());
+    }
+
+    #[test]
+    fn write_backs_whose_system_holds_a_key_separator_are_rejected_ids_may_hold_anything() {
+        let wb = |system: &str, source_system: &str| {
+            let doc =
+                json!({"system": system, "external_id": "E/1:2", "source_system": source_system, "source_id": "A/1"});
+            parse_write_back(doc.as_object().expect("object")).map_err(|r| r.reason)
+        };
+        // `crm/A` + `1` would share `ext/crm/A/1` with `crm` + `A/1`, and `crm:A` + `1` the
+        // derived internal id's seed `crm:A:1` with `crm` + `A:1`.
+        for (system, source) in [("erp", "crm/A"), ("erp", "crm:A"), ("erp/x", "crm"), ("e:rp", "crm")] {
+            assert_eq!(wb(system, source), Err(Reason::InvalidKeyField), "{system} {source}");
+        }
+        let ok = wb("erp", "crm").expect("separators in ids are fine");
+        assert_eq!((ok.external_id.as_str(), ok.source_id.as_str()), ("E/1:2", "A/1"));
     }
 }

@@ -32,6 +32,26 @@ pub enum Merge {
     /// The entity's stored state is not a JSON object (why); nothing changed, and the
     /// increment must not be merged into an empty state in its place.
     Unreadable(String),
+    /// The increment nests `depth` levels deep, past [`MAX_INCREMENT_DEPTH`]; nothing changed.
+    TooDeep {
+        /// Its nesting depth (an object or array holding only scalars is 1).
+        depth: usize,
+    },
+}
+
+/// The deepest increment merged. In the state it sits two levels deeper (in the `into` array of
+/// the state object), and the state must stay within the nesting serde_json reads back (128):
+/// an increment accepted near that limit would leave a state no later increment could be
+/// merged into.
+pub const MAX_INCREMENT_DEPTH: usize = 100;
+
+/// How deeply `v` nests objects and arrays (0 for a scalar).
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// Where and how to merge.
@@ -60,6 +80,10 @@ pub fn apply(
     });
     if already_applied(&entry.applied, increment_id) {
         return Ok(Merge::AlreadyApplied);
+    }
+    let nesting = 1 + increment.values().map(depth).max().unwrap_or(0);
+    if nesting > MAX_INCREMENT_DEPTH {
+        return Ok(Merge::TooDeep { depth: nesting });
     }
     let id = increment_id.stored.as_str();
     let slot = entry.applied.partition_point(|applied| applied.as_str() < id);
@@ -176,6 +200,48 @@ mod tests {
             apply(&mut s, 0, at("e"), "e", &id("n2"), &small, spec).expect("ok"),
             Merge::AlreadyApplied
         );
+    }
+
+    #[test]
+    fn an_increment_too_deep_for_the_state_is_refused_and_the_entity_stays_mergeable() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["m".to_string()], &StoreEnv::default()).expect("opens");
+        let spec = MergeSpec {
+            into: "lines",
+            max_state_bytes: 100_000,
+        };
+        // An increment object nesting `levels` deep: {"n": {"n": ... {"n": 1}}}.
+        let nested = |levels: usize| {
+            let mut v = json!(1);
+            for _ in 1..levels {
+                v = json!({ "n": v });
+            }
+            obj(json!({ "n": v }))
+        };
+        assert_eq!(
+            apply(
+                &mut s,
+                0,
+                at("e"),
+                "e",
+                &id("deep"),
+                &nested(MAX_INCREMENT_DEPTH + 1),
+                spec
+            )
+            .expect("ok"),
+            Merge::TooDeep {
+                depth: MAX_INCREMENT_DEPTH + 1
+            }
+        );
+        assert!(matches!(
+            apply(&mut s, 0, at("e"), "e", &id("max"), &nested(MAX_INCREMENT_DEPTH), spec).expect("ok"),
+            Merge::Applied(_)
+        ));
+        // The state holding the deepest increment allowed reads back: the next one merges.
+        assert!(matches!(
+            apply(&mut s, 0, at("e"), "e", &id("next"), &obj(json!({"x": 1})), spec).expect("ok"),
+            Merge::Applied(_)
+        ));
     }
 
     #[test]

@@ -376,6 +376,13 @@ impl PipelineProcessor {
                         let detail = format!("the merged state of `{}` cannot be read: {why}", entity.text);
                         return Ok(Err(Rejection::new(Reason::UnreadableState, detail)));
                     }
+                    Merge::TooDeep { depth } => {
+                        let detail = format!(
+                            "the increment nests {depth} levels deep, over the {} a merged state can hold",
+                            merge::MAX_INCREMENT_DEPTH
+                        );
+                        return Ok(Err(Rejection::new(Reason::StateTooLarge, detail)));
+                    }
                 }
             }
             Strategy::RecordMapping => {

@@ -15,11 +15,15 @@ pub enum Reason {
     MissingKeyField,
     /// A field of the key template is an object or array.
     NonScalarKeyField,
+    /// A key field holds a value that would make two keys read alike (a write-back's system
+    /// name with a separator of the mapping keys in it).
+    InvalidKeyField,
     /// No route matches the record's `event_type`.
     NoRoute,
     /// The `overwrite` version is not an integer.
     InvalidVersion,
-    /// A `merge` increment would grow the entity's state past its bound.
+    /// A `merge` increment would grow the entity's state past its bound in bytes, or nests
+    /// deeper than a merged state can hold.
     StateTooLarge,
     /// The entity's stored `merge` state cannot be read; the increment is kept here instead of
     /// being merged into an empty state.
@@ -31,12 +35,13 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for metrics initialisation and reports.
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::Oversize,
         Reason::InvalidJson,
         Reason::NotAnObject,
         Reason::MissingKeyField,
         Reason::NonScalarKeyField,
+        Reason::InvalidKeyField,
         Reason::NoRoute,
         Reason::InvalidVersion,
         Reason::StateTooLarge,
@@ -52,6 +57,7 @@ impl Reason {
             Reason::NotAnObject => "not_an_object",
             Reason::MissingKeyField => "missing_key_field",
             Reason::NonScalarKeyField => "non_scalar_key_field",
+            Reason::InvalidKeyField => "invalid_key_field",
             Reason::NoRoute => "no_route",
             Reason::InvalidVersion => "invalid_version",
             Reason::StateTooLarge => "state_too_large",

@@ -307,7 +307,7 @@ impl ReconcileTask {
     /// once it has reached the end, and the events that became stuck (open longer than the
     /// threshold at `clock_ms`, see `clock_ms`), marked alerted in this transaction.
     fn scan_step(&mut self, clock_ms: i64, batch: usize) -> Result<Step, ProcessError> {
-        let threshold_ms = self.settings.threshold.as_millis() as i64;
+        let threshold_ms = i64::try_from(self.settings.threshold.as_millis()).unwrap_or(i64::MAX);
         let mut pass = self.pass.take().unwrap_or_default();
         let mut candidates = Vec::new();
         let mut last = None;

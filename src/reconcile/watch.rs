@@ -148,7 +148,7 @@ impl Watcher {
             },
             application_id: watch.group.clone(),
             watch,
-            threshold_ms: threshold.as_millis() as i64,
+            threshold_ms: i64::try_from(threshold.as_millis()).unwrap_or(i64::MAX),
             partition,
             trace_topic,
             scanned: HashMap::new(),
@@ -260,13 +260,13 @@ impl Watcher {
                     state.head_since_ms = appended.max(ctx.last_scan_ms.unwrap_or(i64::MIN));
                 }
                 report.unconsumed += (high - from).max(0) as u64;
-                let waited = ctx.now_ms - state.head_since_ms;
+                let waited = ctx.now_ms.saturating_sub(state.head_since_ms);
                 report.longest_wait_ms = report.longest_wait_ms.max(waited);
                 if waited >= self.threshold_ms && budget > 0 {
                     let at = state.reported_to.max(first.offset);
                     for record in read(consumer, ctx, at, budget)? {
                         let appended = state.appended_ms(record.offset, record.timestamp_ms, ctx.now_ms);
-                        if ctx.now_ms - appended < self.threshold_ms {
+                        if ctx.now_ms.saturating_sub(appended) < self.threshold_ms {
                             break;
                         }
                         state.reported_to = record.offset + 1;

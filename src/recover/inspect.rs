@@ -16,7 +16,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::Message;
 use serde::Serialize;
 use std::collections::BTreeSet;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// What to look for.
 #[derive(Debug, Clone)]
@@ -47,10 +47,9 @@ pub struct Sighting {
 impl Sighting {
     /// One line for a terminal.
     pub fn render(&self) -> String {
-        let time = UNIX_EPOCH + Duration::from_millis(self.timestamp_ms.max(0) as u64);
         format!(
             "{}  {:<11} {:<40} {}",
-            humantime::format_rfc3339_millis(time),
+            super::timestamp_text(self.timestamp_ms),
             self.kind,
             self.at,
             self.detail

@@ -12,7 +12,6 @@ use crate::topology::{Pipeline, StoreKind, Topology};
 use anyhow::{Context, Result};
 use rdkafka::{ClientConfig, Message};
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, UNIX_EPOCH};
 
 /// The stores' entries for idempotency keys `keys` (dedup stores) and entity keys `entities`
 /// (versions and merged stores), as sightings of kind `state`.
@@ -128,10 +127,9 @@ pub fn describe(kind: StoreKind, value: Option<&[u8]>) -> String {
         return "deleted (expired, reset or forgotten)".to_string();
     };
     let decoded = match kind {
-        StoreKind::Dedup => codec::decode::<DedupEntry>(bytes).map(|e| {
-            let first = UNIX_EPOCH + Duration::from_millis(e.first_seen_ms.max(0) as u64);
-            format!("first seen {}", humantime::format_rfc3339_millis(first))
-        }),
+        StoreKind::Dedup => {
+            codec::decode::<DedupEntry>(bytes).map(|e| format!("first seen {}", super::timestamp_text(e.first_seen_ms)))
+        }
         StoreKind::Versions => codec::decode::<VersionEntry>(bytes).map(|e| format!("version {}", e.version)),
         StoreKind::Merged => codec::decode::<MergedEntry>(bytes).map(|e| {
             format!(

@@ -30,12 +30,20 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
+/// The most memory one decode may reserve for the lengths a value claims. Stored values come
+/// back from changelog and other internal topics anyone with write access can fill; bincode
+/// reserves a string's or a list's claimed length before reading it, so without a bound a
+/// crafted length of a few exabytes aborts the process. Every value tally writes is far
+/// smaller: it passed the write limit (the broker's record size) on its way to a changelog.
+pub const MAX_DECODE_BYTES: usize = 256 * 1024 * 1024;
+
 /// Decodes a value written by `encode`.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
     match bytes.split_first() {
         None => Err(CodecError::Empty),
         Some((&FORMAT_BINCODE_V1, body)) => {
-            let (value, _) = bincode::serde::decode_from_slice(body, bincode::config::standard())?;
+            let config = bincode::config::standard().with_limit::<MAX_DECODE_BYTES>();
+            let (value, _) = bincode::serde::decode_from_slice(body, config)?;
             Ok(value)
         }
         Some((&other, _)) => Err(CodecError::UnknownFormat(other)),
@@ -77,5 +85,19 @@ mod tests {
         })
         .expect("encodes");
         assert!(matches!(decode::<Sample>(&bytes[..4]), Err(CodecError::Decode(_))));
+    }
+
+    #[test]
+    fn a_claimed_length_past_the_bound_is_an_error_not_an_allocation() {
+        // first_seen_ms 0, then a string claiming u64::MAX >> 1 bytes, then claiming just over
+        // the bound: neither is reserved.
+        for claim in [u64::MAX >> 1, MAX_DECODE_BYTES as u64 + 1] {
+            let mut bytes = vec![FORMAT_BINCODE_V1, 0, 0xFD];
+            bytes.extend(claim.to_le_bytes());
+            assert!(
+                matches!(decode::<Sample>(&bytes), Err(CodecError::Decode(_))),
+                "claim {claim}"
+            );
+        }
     }
 }
