@@ -55,9 +55,9 @@ impl Contender {
 pub struct Programs {
     /// The repository (example topologies, broker script, Kafka Streams app).
     pub repo: PathBuf,
-    /// `target/release/tally`.
+    /// `tally` in the Cargo output directory the harness runs (`TALLY_BENCH_BUILD`).
     pub tally: PathBuf,
-    /// `target/release/examples/passthrough`.
+    /// `examples/passthrough` in the same directory.
     pub passthrough: PathBuf,
     /// JVM options of the Kafka Streams app.
     pub java_opts: Vec<String>,
@@ -82,12 +82,22 @@ impl Programs {
             }
             Ok(())
         };
-        need(Contender::Tally, self.tally.clone(), "cargo build --release")?;
+        // A Cargo output directory is named for its profile.
+        let profile = self
+            .tally
+            .parent()
+            .and_then(|d| d.file_name())
+            .map_or_else(|| "release".into(), |n| n.to_string_lossy());
+        need(
+            Contender::Tally,
+            self.tally.clone(),
+            &format!("cargo build --locked --profile {profile} --bin tally"),
+        )?;
         for c in [Contender::Ceiling, Contender::CeilingTwoHop] {
             need(
                 c,
                 self.passthrough.clone(),
-                "cargo build --release --example passthrough",
+                &format!("cargo build --locked --profile {profile} --example passthrough"),
             )?;
         }
         need(

@@ -25,11 +25,16 @@ use std::time::Instant;
 fn main() -> Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let o = options::Options::from_env(&repo)?;
-    let tally = PathBuf::from(env!("CARGO_BIN_EXE_tally"));
-    let release = tally.parent().context("the tally binary has no directory")?;
+    let build = match &o.build {
+        Some(dir) => dir.clone(),
+        None => PathBuf::from(env!("CARGO_BIN_EXE_tally"))
+            .parent()
+            .context("the tally binary has no directory")?
+            .to_path_buf(),
+    };
     let programs = contender::Programs {
-        passthrough: release.join("examples/passthrough"),
-        tally: tally.clone(),
+        passthrough: build.join("examples/passthrough"),
+        tally: build.join("tally"),
         repo: repo.clone(),
         java_opts: o.java_opts.clone(),
         tally_log: o.tally_log.clone(),
@@ -58,6 +63,7 @@ fn main() -> Result<()> {
         steal: host::steal_text(ticks_before, host::CpuTicks::now()),
         stalls: host::Stalls::between(started_at, Instant::now()),
         delete_delay,
+        build,
     };
     std::fs::write(&o.out, report::render(&o, &results, &ctx, &repo))
         .with_context(|| format!("writing {}", o.out.display()))?;

@@ -63,6 +63,10 @@ pub struct Options {
     pub broker_pids: Vec<u32>,
     /// A sentence about the conditions of the run, copied into the results (`TALLY_BENCH_NOTE`).
     pub note: Option<String>,
+    /// The Cargo output directory whose `tally` and `examples/passthrough` run
+    /// (`TALLY_BENCH_BUILD`; scripts/bench sets it to the `profiling` build, what scripts/dist
+    /// ships). Unset: the directory of the `tally` built beside this harness.
+    pub build: Option<PathBuf>,
     /// The command line that reproduces this run.
     pub command: String,
 }
@@ -162,9 +166,12 @@ impl Options {
                     .with_context(|| format!("TALLY_BENCH_BROKER_PIDS: `{p}` is not a process id"))
             })
             .collect::<Result<Vec<_>>>()?;
-        // The broker's process ids change with every start: not part of the command to repeat.
+        // scripts/bench sets these two itself (the broker's process ids change with every
+        // start): not part of the command to repeat.
         let mut settings: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("TALLY_BENCH_") && k != "TALLY_BENCH_BROKER_PIDS")
+            .filter(|(k, _)| {
+                k.starts_with("TALLY_BENCH_") && k != "TALLY_BENCH_BROKER_PIDS" && k != "TALLY_BENCH_BUILD"
+            })
             .collect();
         settings.sort();
         let mut command: Vec<String> = settings
@@ -206,6 +213,7 @@ impl Options {
             scale_entities,
             broker_pids,
             note: var("TALLY_BENCH_NOTE"),
+            build: var("TALLY_BENCH_BUILD").map(PathBuf::from),
             command: command.join(" "),
         })
     }

@@ -24,6 +24,8 @@ pub struct Context {
     pub stalls: crate::host::Stalls,
     /// The broker's [`DELETE_DELAY`] at the start.
     pub delete_delay: String,
+    /// The Cargo output directory tally and the passthrough ran from (named for its profile).
+    pub build: std::path::PathBuf,
 }
 
 /// The broker setting that says how long a deleted topic's files stay on disk.
@@ -42,6 +44,16 @@ pub fn render(o: &Options, r: &Results, ctx: &Context, repo: &Path) -> String {
     let _ = writeln!(w, "- Date: {} (the run took {:.0} min)", ctx.started, ctx.minutes);
     let _ = writeln!(w, "- Command: `{}`", o.command);
     let _ = writeln!(w, "- Commit: {}", git_commit(repo));
+    let profile = ctx
+        .build
+        .file_name()
+        .map_or_else(|| "?".into(), |n| n.to_string_lossy());
+    let _ = writeln!(
+        w,
+        "- Build: tally and the passthrough in Cargo's `{profile}` profile (`{}`; Cargo.toml has its \
+         settings)",
+        ctx.build.display()
+    );
     let _ = writeln!(w, "- Machine: {}", machine());
     let _ = writeln!(
         w,
@@ -168,7 +180,7 @@ const METHOD: &str = r#"
   one-hop ceiling (≥ 0.75×) and against this one-hop Kafka Streams (≥ 3×). A tally run on them
   fails if tally logs a record on another partition than its key's: a partitioner mismatch
   would leave the output count exact (the copies of an event still share a partition).
-- **tally**: `target/release/tally run` on the unmodified `topologies/payments.yaml`,
+- **tally**: `tally run` (the build named above) on the unmodified `topologies/payments.yaml`,
   `topologies/entity-sync.yaml` or `topologies/payments-keyed.yaml` (exactly once, commit
   interval 100 ms, one stream thread).
 - **Kafka Streams**: `bench/kstreams` (kafka-streams 4.4.0, `exactly_once_v2`, commit interval
