@@ -1,7 +1,8 @@
 //! Record headers as bytes. rdkafka's header accessors hand out names as `&str` and panic on a
 //! name that is not UTF-8 (an unchecked conversion in `BorrowedHeaders::try_get`), which any
 //! librdkafka, Go or kcat producer can send; these read and copy headers through librdkafka's C
-//! API without that assumption.
+//! API without that assumption. That API hands names out NUL-terminated and without their
+//! length, so a name holding a NUL byte is read up to it (README, "Outputs").
 
 use rdkafka::bindings as rdsys;
 use rdkafka::message::{BorrowedHeaders, BorrowedMessage, Message, OwnedHeaders};
