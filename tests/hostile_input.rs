@@ -87,11 +87,7 @@ fn a_record_whose_output_outgrows_the_producer_limit_costs_one_dead_letter_not_t
     for i in 50..150 {
         records.push((format!("k-{i}"), payment(i)));
     }
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("message.max.bytes", "2000000")
-        .create()
-        .expect("producer");
+    let producer = large_record_producer();
     for (key, body) in &records {
         producer
             .send(BaseRecord::to(&names.input).key(key).payload(body))
@@ -125,11 +121,7 @@ fn a_correlation_id_near_the_limit_costs_at_most_its_record_not_the_partition() 
         (&names.dlq, 1),
         (&names.trace, 1),
     ]);
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("message.max.bytes", "2000000")
-        .create()
-        .expect("producer");
+    let producer = large_record_producer();
     // `huge` makes every output of its record too large; `control` fits an output but not a
     // trace record, where each of its bytes is escaped as `\u0001`.
     let huge = "h".repeat(999_800);
@@ -253,11 +245,7 @@ fn a_state_that_outgrows_the_producer_limit_costs_one_dead_letter_not_the_partit
         line("B", "B-1", 400_000),
         line("A", "A-4", 10),
     ];
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("message.max.bytes", "2000000")
-        .create()
-        .expect("producer");
+    let producer = large_record_producer();
     for (i, body) in records.iter().enumerate() {
         producer
             .send(BaseRecord::to(&names.input).key(&format!("k-{i}")).payload(body))
@@ -305,6 +293,16 @@ dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
         "every increment but the one that outgrew the limit"
     );
     assert_one_too_large(&dlq, "2", b"k-2");
+}
+
+/// A producer that sends records past librdkafka's 1,000,000-byte default, as another client
+/// may: they are what tally must refuse on the way out.
+fn large_record_producer() -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer")
 }
 
 /// `dlq` holds one dead letter: the source record at `offset`, with its own `key`, refused as
