@@ -6,6 +6,9 @@
 pub const PENDING_CREATE_HEADER: &str = "tally.pending_create";
 /// Header carrying the business idempotency key on outputs.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "tally.idempotency_key";
+/// Header carrying the idempotency key's field values as a JSON array of strings, on outputs
+/// whose key text alone may not tell them (`X:Y`+`PAID` and `X`+`Y:PAID` both read `X:Y:PAID`).
+pub const IDEMPOTENCY_KEY_FIELDS_HEADER: &str = "tally.idempotency_key.fields";
 /// Machine-readable dead-letter reason.
 pub const REASON_HEADER: &str = "tally.error.reason";
 /// Human-readable detail of a dead-letter reason.

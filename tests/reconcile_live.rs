@@ -138,3 +138,78 @@ fn an_unfinished_event_is_reported_within_one_scan_after_the_threshold_and_only_
         "erp/0/1 was alerted before the restart and completed now: not reported again"
     );
 }
+
+/// Anyone may write to the trace topic. Texts as long as a record allows (a correlation id of
+/// 600 kB, an event id of a megabyte) once made alerts and store entries too large to write,
+/// retried forever on the stream thread the pipeline shares; their events are now reported
+/// under the ids derived from those texts, and the pipeline goes on.
+#[test]
+fn texts_as_long_as_a_trace_record_allows_are_reported_and_stall_nothing() {
+    let names = Names::new("reconcile-long");
+    create_topics(&[
+        (&names.input, 1),
+        (&names.output, 1),
+        (&names.dlq, 1),
+        (&names.trace, 1),
+        (&names.alerts, 1),
+    ]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tally = Tally::start_yaml(YAML, &names, dir.path(), "a");
+    let long_correlation = "c".repeat(600_000);
+    let long_event = "E".repeat(1_010_000);
+    let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("message.max.bytes", "2000000")
+        .create()
+        .expect("producer");
+    let start = now_ms();
+    // Each just under the broker's default record limit: the long text once, no header.
+    let record = |event_id: &str, correlation_id: &str, status: &str| {
+        serde_json::json!({
+            "format": "tally.trace/v1", "event_id": event_id, "idempotency_key": null,
+            "correlation_id": correlation_id, "node": "erp-sink", "status": status,
+            "outcome": null, "timestamp_ms": start,
+        })
+        .to_string()
+    };
+    for value in [
+        record("erp/9/1", &long_correlation, "FAILED"),
+        record(&long_event, "corr-long-event", "RECEIVED"),
+    ] {
+        let out = rdkafka::producer::BaseRecord::to(&names.trace)
+            .key("long")
+            .payload(&value);
+        producer.send(out).expect("enqueue");
+    }
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30)).expect("flush");
+
+    let found = alerts(&names, 2, Duration::from_secs(60));
+    let gen = generator::payments(50, 0, 0, 5);
+    produce(&names.input, &gen.records);
+    let outputs = wait_for_count(&names.output, gen.expected_keys.len(), Duration::from_secs(60));
+    tally.stop();
+    assert_eq!(
+        outputs,
+        gen.expected_keys.len(),
+        "the pipeline on the same thread goes on"
+    );
+    let derived = tally::processors::correlation::derive;
+    let kinds: Vec<(&str, &str, &str)> = found
+        .iter()
+        .map(|a| {
+            let text = |f: &str| a[f].as_str().unwrap_or_default();
+            (text("kind"), text("event_id"), text("correlation_id"))
+        })
+        .collect();
+    let failed_id = derived(&long_correlation);
+    let stuck_id = derived(&long_event);
+    assert!(
+        kinds.contains(&("failed_event", "erp/9/1", failed_id.as_str())),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&("stuck_event", stuck_id.as_str(), "corr-long-event")),
+        "{kinds:?}"
+    );
+    assert_eq!(found.len(), 2, "each once: {kinds:?}");
+}

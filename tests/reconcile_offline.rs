@@ -55,7 +55,8 @@ fn keyed(key: &str, payload: &[u8]) -> GeneratedRecord {
     }
 }
 
-/// The anomalies of a JSON Lines report as `kind key count`, and its summary line.
+/// The anomalies of a JSON Lines report as `kind key count`, then ` [fields]` on a key told
+/// apart by its fields, and its summary line.
 fn json_report(path: &Path) -> (BTreeSet<String>, serde_json::Value) {
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(path)
         .expect("json report")
@@ -68,8 +69,12 @@ fn json_report(path: &Path) -> (BTreeSet<String>, serde_json::Value) {
     let anomalies = anomalies
         .iter()
         .map(|l| {
+            let fields = match &l["idempotency_key_fields"] {
+                serde_json::Value::Null => String::new(),
+                fields => format!(" {fields}"),
+            };
             format!(
-                "{} {} {}",
+                "{} {} {}{fields}",
                 l["kind"].as_str().expect("kind"),
                 l["idempotency_key"].as_str().expect("key"),
                 l["count"]
@@ -432,6 +437,90 @@ trace: { topic: "${TALLY_TRACE_TOPIC}", level: all }
         summary["skipped"].as_u64().is_some_and(|s| s > n),
         "RECEIVED, PROCESSING, DUPLICATE and DEAD_LETTER records are not outputs: {summary}"
     );
+}
+
+/// Three events whose keys all read `A:B:C:D`, upstream sent all three, tally saw two: the
+/// reconciliation names the third, by its fields, against outputs and trace records alike.
+#[test]
+fn a_lost_event_is_found_though_its_key_reads_like_another_events() {
+    let names = Names::new("reconalike");
+    create_topics(&[
+        (&names.input, 2),
+        (&names.output, 2),
+        (&names.dlq, 1),
+        (&names.trace, 2),
+    ]);
+    let event = |payment_id: &str, status: &str| serde_json::json!({ "event_type": "payment.paid", "payment_id": payment_id, "status": status });
+    let processed = [event("A", "B:C:D"), event("A:B", "C:D"), event("P-1", "PAID")];
+    let lost = event("A:B:C", "D");
+    let record = |v: &serde_json::Value| GeneratedRecord {
+        key: v["payment_id"].as_str().expect("id").as_bytes().to_vec(),
+        payload: v.to_string().into_bytes(),
+        headers: vec![],
+    };
+    // The second event twice: its copy is a duplicate, dropped, and no anomaly.
+    let input: Vec<GeneratedRecord> = processed.iter().chain([&processed[1]]).map(record).collect();
+    produce(&names.input, &input);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = r#"
+application_id: ${TALLY_APP_ID}
+kafka: { bootstrap_servers: "${KAFKA_BOOTSTRAP}" }
+state: { dir: "${TALLY_STATE_DIR}" }
+sources: { payments: { topic: "${TALLY_INPUT_TOPIC}" } }
+pipelines:
+  - name: payments
+    from: payments
+    repartition: { key: "{payment_id}" }
+    key: "{payment_id}:{status}"
+    to: { topic: "${TALLY_OUTPUT_TOPIC}" }
+dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
+trace: { topic: "${TALLY_TRACE_TOPIC}" }
+"#;
+    let tally = Tally::start_yaml(yaml, &names, dir.path(), "i1");
+    assert_eq!(wait_for_count(&names.output, 3, Duration::from_secs(120)), 3);
+    tally.stop();
+    let outputs = read_committed(&names.output, 3, Duration::from_secs(30));
+    let fields: BTreeSet<Option<String>> = outputs
+        .iter()
+        .map(|m| header(m, "tally.idempotency_key.fields"))
+        .collect();
+    assert_eq!(
+        fields,
+        BTreeSet::from([
+            None,
+            Some(r#"["A","B:C:D"]"#.to_string()),
+            Some(r#"["A:B","C:D"]"#.to_string())
+        ]),
+        "only keys that may read alike carry their fields"
+    );
+
+    // Upstream's export: the three events and the plain one, keyed by the pipeline's template.
+    let export = dir.path().join("export.jsonl");
+    let rows: Vec<String> = processed.iter().chain([&lost]).map(|v| v.to_string()).collect();
+    std::fs::write(&export, rows.join("\n") + "\n").expect("write export");
+    let expected = set(&[r#"missing A:B:C:D 0 ["A:B:C","D"]"#.to_string()]);
+    for (processed_topic, kind) in [(&names.output, "output"), (&names.trace, "trace")] {
+        let report = dir.path().join(format!("report-{kind}.json"));
+        let out = reconcile(&[
+            "--sent",
+            export.to_str().expect("utf8"),
+            "--sent-key",
+            "{payment_id}:{status}",
+            "--processed",
+            processed_topic,
+            "--processed-kind",
+            kind,
+            "--report",
+            report.to_str().expect("utf8"),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{kind}: {}", text(&out));
+        let (anomalies, summary) = json_report(&report);
+        assert_eq!(anomalies, expected, "{kind}");
+        assert_eq!(summary["sent_keys"], 4, "{kind}: {summary}");
+        assert_eq!(summary["missing"], 1, "{kind}: {summary}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains(r#"A:B:C:D ["A:B:C","D"]"#), "{}", text(&out));
+    }
 }
 
 #[test]

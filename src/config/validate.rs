@@ -294,7 +294,6 @@ pub(super) fn required(
     }
 }
 
-/// Topic names and ids that become part of topic names: Kafka's legal characters.
 /// A duration written like `30d`, `5m` or `90s`, longer than zero; `what` names the setting.
 pub(super) fn positive_duration(c: &mut Collector, t: &Text, what: &str) -> Option<Duration> {
     match humantime::parse_duration(&t.value) {
@@ -316,6 +315,7 @@ pub(super) fn positive_duration(c: &mut Collector, t: &Text, what: &str) -> Opti
     }
 }
 
+/// Topic names and ids that become part of topic names: Kafka's legal characters.
 pub(super) fn kafka_name(c: &mut Collector, t: &Text, what: &str) -> Option<String> {
     let ok = t.value.len() <= 200
         && t.value

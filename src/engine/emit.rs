@@ -5,10 +5,12 @@ use super::headers;
 use super::producer::{Outgoing, TxnProducer};
 use crate::processors::{correlation, Decision, Processed, Reason, Rejection};
 use crate::store::Change;
+use crate::topology::RenderedKey;
 use crate::trace::{Outcome, Status, TraceRecord, TraceSink, FORMAT};
 use crate::wire::{
-    DETAIL_HEADER, IDEMPOTENCY_KEY_HEADER, PAYLOAD_OMITTED_HEADER, PENDING_CREATE_HEADER, REASON_HEADER, SOURCE_HEADER,
-    SOURCE_KEY_HEADER, SOURCE_OFFSET_HEADER, SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
+    DETAIL_HEADER, IDEMPOTENCY_KEY_FIELDS_HEADER, IDEMPOTENCY_KEY_HEADER, PAYLOAD_OMITTED_HEADER,
+    PENDING_CREATE_HEADER, REASON_HEADER, SOURCE_HEADER, SOURCE_KEY_HEADER, SOURCE_OFFSET_HEADER,
+    SOURCE_PARTITION_HEADER, SOURCE_TOPIC_HEADER,
 };
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
@@ -20,6 +22,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The longest `tally.error.detail` written, in characters.
 const MAX_DETAIL_CHARS: usize = 1024;
+/// The longest topic name Kafka allows.
+const MAX_TOPIC_NAME: usize = 249;
 
 /// The message key a dead letter of `msg` carries: the source record's own. On a repartition
 /// topic (`trusted`) that is the one its `tally.source.key` header kept; records written there
@@ -91,7 +95,9 @@ impl SourcePlace {
 
     /// The place a repartitioned record's headers carry: the `tally.source` header, or the three
     /// `tally.source.*` headers of records written before it. The first occurrence of a header
-    /// decides, as for every header tally reads.
+    /// decides, as for every header tally reads. Only a place that could be real counts: anyone
+    /// able to write to the repartition topic could otherwise name a topic of a megabyte, and
+    /// the dead letter and trace records repeating it could never be written.
     fn carried(msg: &BorrowedMessage<'_>) -> Option<Self> {
         let (mut joined, mut topic, mut partition, mut offset) = (None, None, None, None);
         for h in headers::entries(msg) {
@@ -109,16 +115,26 @@ impl SourcePlace {
         if let Some(joined) = joined.flatten() {
             let mut parts = joined.rsplitn(3, '/');
             let (offset, partition, topic) = (parts.next()?, parts.next()?, parts.next()?);
-            return Some(Self {
-                topic: topic.into(),
-                partition: partition.into(),
-                offset: offset.into(),
-            });
+            return Self::checked(topic, partition, offset);
         }
-        Some(Self {
-            topic: topic.flatten()?.into(),
-            partition: partition.flatten()?.into(),
-            offset: offset.flatten()?.into(),
+        Self::checked(topic.flatten()?, partition.flatten()?, offset.flatten()?)
+    }
+
+    /// The place, when `topic` is a name Kafka allows and `partition` and `offset` are numbers
+    /// it could give, written as tally writes them.
+    fn checked(topic: &str, partition: &str, offset: &str) -> Option<Self> {
+        let legal = (1..=MAX_TOPIC_NAME).contains(&topic.len())
+            && topic != "."
+            && topic != ".."
+            && topic
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        let partition = partition.parse::<i32>().ok().filter(|p| *p >= 0)?;
+        let offset = offset.parse::<i64>().ok().filter(|o| *o >= 0)?;
+        legal.then(|| Self {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+            offset: offset.to_string(),
         })
     }
 
@@ -173,17 +189,19 @@ impl Emitter {
         &self,
         producer: &mut TxnProducer,
         event_id: &str,
-        key: Option<&str>,
+        key: Option<&RenderedKey>,
         correlation_id: &str,
         status: Status,
         outcome: Option<Outcome>,
     ) -> Result<(), ProcessError> {
         let Some(sink) = &self.trace else { return Ok(()) };
+        let fields = key.and_then(RenderedKey::distinct_fields);
         let encode = |correlation_id: &str| {
             let record = TraceRecord {
                 format: FORMAT,
                 event_id,
-                idempotency_key: key,
+                idempotency_key: key.map(|k| k.text.as_str()),
+                idempotency_key_fields: fields.clone(),
                 correlation_id,
                 node: &sink.node,
                 status,
@@ -238,7 +256,11 @@ impl Emitter {
             } => {
                 let mut headers = headers::copy_except(msg, &self.correlation_header)
                     .insert(header(&self.correlation_header, corr))
-                    .insert(header(IDEMPOTENCY_KEY_HEADER, idempotency_key));
+                    .insert(header(IDEMPOTENCY_KEY_HEADER, &idempotency_key.text));
+                if let Some(fields) = idempotency_key.distinct_fields() {
+                    let fields = serde_json::Value::from(fields).to_string();
+                    headers = headers.insert(header(IDEMPOTENCY_KEY_FIELDS_HEADER, &fields));
+                }
                 if !pending.is_empty() {
                     let systems: Vec<&str> = pending.iter().map(|p| p.system.as_str()).collect();
                     headers = headers.insert(header(PENDING_CREATE_HEADER, &systems.join(",")));
@@ -255,7 +277,7 @@ impl Emitter {
                 // Markers let every instance count what still waits for a write-back.
                 if let Some(topic) = &self.mappings_topic {
                     for p in pending {
-                        let (key, marker) = p.marker(corr, idempotency_key, now_ms);
+                        let (key, marker) = p.marker(corr, &idempotency_key.text, now_ms);
                         let out = Outgoing {
                             topic,
                             partition: None,
@@ -268,7 +290,7 @@ impl Emitter {
                 }
                 self.counts.records_out += 1;
                 let outcome = (!pending.is_empty()).then_some(Outcome::PendingCreate);
-                (Some(idempotency_key.as_str()), Status::Completed, outcome)
+                (Some(idempotency_key), Status::Completed, outcome)
             }
             Decision::Mapping {
                 idempotency_key,
@@ -285,7 +307,7 @@ impl Emitter {
                     producer.send(out).map_err(ProcessError::Kafka)?;
                 }
                 self.counts.records_out += 1;
-                (Some(idempotency_key.as_str()), Status::Completed, None)
+                (Some(idempotency_key), Status::Completed, None)
             }
             Decision::Stale {
                 idempotency_key,
@@ -293,22 +315,18 @@ impl Emitter {
                 current,
             } => {
                 if tracing::enabled!(tracing::Level::DEBUG) {
-                    event_span(corr, Some(idempotency_key))
+                    event_span(corr, Some(&idempotency_key.text))
                         .in_scope(|| tracing::debug!(version, current, "stale version dropped"));
                 }
                 self.counts.stale += 1;
-                (Some(idempotency_key.as_str()), Status::Completed, Some(Outcome::Stale))
+                (Some(idempotency_key), Status::Completed, Some(Outcome::Stale))
             }
             Decision::Duplicate { idempotency_key } => {
                 if tracing::enabled!(tracing::Level::DEBUG) {
-                    event_span(corr, Some(idempotency_key)).in_scope(|| tracing::debug!("duplicate dropped"));
+                    event_span(corr, Some(&idempotency_key.text)).in_scope(|| tracing::debug!("duplicate dropped"));
                 }
                 self.counts.duplicates += 1;
-                (
-                    Some(idempotency_key.as_str()),
-                    Status::Completed,
-                    Some(Outcome::Duplicate),
-                )
+                (Some(idempotency_key), Status::Completed, Some(Outcome::Duplicate))
             }
             Decision::Reject(_) => {
                 self.dead_letter(
@@ -434,4 +452,41 @@ pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_carried_place_counts_only_when_it_could_be_real() {
+        let place = SourcePlace::checked("payments.v2_in-1", "007", "42").expect("a real place");
+        assert_eq!(
+            place.event_id(),
+            "payments.v2_in-1/7/42",
+            "numbers as tally writes them"
+        );
+        let longest = "t".repeat(MAX_TOPIC_NAME);
+        assert!(SourcePlace::checked(&longest, "0", "0").is_some());
+        let too_long = "t".repeat(MAX_TOPIC_NAME + 1);
+        for (topic, partition, offset) in [
+            (too_long.as_str(), "0", "0"),
+            ("", "0", "0"),
+            (".", "0", "0"),
+            ("..", "0", "0"),
+            ("pay ments", "0", "0"),
+            ("pay\u{e9}", "0", "0"),
+            ("p", "-1", "0"),
+            ("p", "0", "-1"),
+            ("p", "x", "0"),
+            ("p", "2147483648", "0"),
+            ("p", "0", "1e3"),
+            ("p", "0", ""),
+        ] {
+            assert!(
+                SourcePlace::checked(topic, partition, offset).is_none(),
+                "{topic:.20}/{partition}/{offset}"
+            );
+        }
+    }
 }

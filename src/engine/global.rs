@@ -8,6 +8,7 @@ use super::stable_end::{self, StableEnd};
 use super::{clients, Shutdown};
 use crate::metrics::Metrics;
 use crate::store::global::MappingRecord;
+use crate::store::write::CATCH_UP_BATCH_BYTES;
 use crate::store::GlobalMappings;
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
@@ -80,6 +81,7 @@ pub fn start(
         .collect();
     let mut applied = 0u64;
     let mut batch: Vec<Owned> = Vec::with_capacity(BATCH);
+    let mut batch_bytes = 0;
     let (mut last_read, mut last_progress) = (Instant::now(), Instant::now());
     while !caught_up.values().all(|d| *d) {
         if last_read.elapsed() > STALL_TIMEOUT {
@@ -108,9 +110,13 @@ pub fn start(
                 if m.offset() + 1 >= ends.get(&m.partition()).map_or(0, |(_, high)| *high) {
                     caught_up.insert(m.partition(), true);
                 }
-                batch.extend(Owned::of(&m));
-                if batch.len() >= BATCH {
+                if let Some(record) = Owned::of(&m) {
+                    batch_bytes += record.key.len() + record.value.as_ref().map_or(0, String::len);
+                    batch.push(record);
+                }
+                if batch.len() >= BATCH || batch_bytes >= CATCH_UP_BATCH_BYTES {
                     applied += write(&global, &mut batch).context("writing ID mappings to the local store")?;
+                    batch_bytes = 0;
                 }
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {

@@ -144,7 +144,12 @@ impl TxnProducer {
 
     /// True when a record of `bytes` key and value bytes and no headers fits the limit.
     pub fn fits_bytes(&self, bytes: usize) -> bool {
-        bytes.saturating_add(RECORD_OVERHEAD) <= self.limit
+        bytes <= self.largest_bytes()
+    }
+
+    /// The most key and value bytes a record without headers may hold.
+    pub fn largest_bytes(&self) -> usize {
+        self.limit.saturating_sub(RECORD_OVERHEAD)
     }
 
     /// True while a transaction is open.

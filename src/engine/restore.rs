@@ -5,6 +5,7 @@ use super::faults::{self, Point};
 use super::stable_end::{StableEnd, Waiting};
 use crate::metrics::events::{RecordsRestored, RestoreOf, StoreRebuilt};
 use crate::metrics::Metrics;
+use crate::store::write::CATCH_UP_BATCH_BYTES;
 use crate::store::{StoreError, TaskStore};
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
@@ -105,6 +106,8 @@ struct Reading {
     wiped: bool,
     restored: u64,
     batch: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The bytes of keys and values in `batch`.
+    batch_bytes: usize,
     /// The offset of the last record read.
     last: i64,
     idle_since: Instant,
@@ -178,6 +181,7 @@ impl Restore {
                 Some(Ok(m)) => {
                     done = m.offset() + 1 >= r.high;
                     if let Some(key) = m.key() {
+                        r.batch_bytes += key.len() + m.payload().map_or(0, <[u8]>::len);
                         r.batch.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
                     }
                     r.last = m.offset();
@@ -185,8 +189,9 @@ impl Restore {
                     if !self.crawl.is_zero() {
                         std::thread::sleep(self.crawl);
                     }
-                    if r.batch.len() >= BATCH {
+                    if r.batch.len() >= BATCH || r.batch_bytes >= CATCH_UP_BATCH_BYTES {
                         r.restored += flush(store, self.index, &mut r.batch, r.last, metrics, &self.name)?;
+                        r.batch_bytes = 0;
                         r.remaining.set(r.high.saturating_sub(r.last + 1));
                         r.log_progress(&self.name, partition, self.started);
                     }
@@ -279,6 +284,7 @@ impl Restore {
             wiped: uncommitted || rebuilt.is_some(),
             restored: 0,
             batch: Vec::with_capacity(BATCH),
+            batch_bytes: 0,
             last: from_offset - 1,
             idle_since: now,
             last_progress: now,

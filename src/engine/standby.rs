@@ -10,6 +10,7 @@ use super::restore::{resume_point, Rebuild};
 use super::Shutdown;
 use crate::metrics::events::StandbyRecordsApplied;
 use crate::metrics::Metrics;
+use crate::store::write::CATCH_UP_BATCH_BYTES;
 use crate::store::{LockError, StoreEnv, StoreError, TaskStore};
 use crate::topology::Topology;
 use anyhow::{Context, Result};
@@ -242,7 +243,11 @@ fn apply_batch(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) ->
     type Pending = (Vec<(Vec<u8>, Option<Vec<u8>>)>, i64);
     let mut pending: HashMap<(String, i32), Pending> = HashMap::new();
     let mut timeout = Duration::from_millis(100);
+    let mut bytes = 0;
     for _ in 0..BATCH {
+        if bytes >= CATCH_UP_BATCH_BYTES {
+            break;
+        }
         match consumer.poll(timeout) {
             None => break,
             Some(Err(e)) => return Err(e).context("reading standby changelogs"),
@@ -251,6 +256,7 @@ fn apply_batch(cfg: &StandbyConfig, consumer: &BaseConsumer, routes: &Routes) ->
                     .entry((m.topic().to_string(), m.partition()))
                     .or_insert_with(|| (Vec::new(), m.offset()));
                 if let Some(key) = m.key() {
+                    bytes += key.len() + m.payload().map_or(0, <[u8]>::len);
                     entry.0.push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
                 }
                 entry.1 = m.offset();

@@ -161,8 +161,9 @@ impl PipelineTask {
     }
 
     /// Runs the next step of the expiry pass under way (or starts one) in the open transaction:
-    /// looks at up to `batch` dedup entries and deletes the expired ones; returns how many.
-    pub fn expire(&mut self, now_ms: i64, batch: usize) -> Result<usize, ProcessError> {
+    /// looks at up to `batch` dedup entries and deletes the expired ones whose key is at most
+    /// `max_key_bytes` long (the tombstone must be written); returns how many.
+    pub fn expire(&mut self, now_ms: i64, batch: usize, max_key_bytes: usize) -> Result<usize, ProcessError> {
         let Work::Process { store, .. } = &mut self.work else {
             return Ok(0);
         };
@@ -171,7 +172,8 @@ impl PipelineTask {
         let (Some(retention), Some(index)) = (pipeline.max_retention(), dedup_index) else {
             return Ok(0);
         };
-        let step = dedup::expire(store, index, now_ms, retention, self.expiry_cursor.as_deref(), batch)
+        let cursor = self.expiry_cursor.as_deref();
+        let step = dedup::expire(store, index, now_ms, retention, cursor, batch, max_key_bytes)
             .map_err(|e| ProcessError::Engine(state_failure(store.dir(), e)))?;
         self.emit.counts.expired += step.deleted as u64;
         if step.unreadable > 0 {
@@ -179,6 +181,14 @@ impl PipelineTask {
                 task = %pipeline.task_name(self.emit.partition),
                 entries = step.unreadable,
                 "dedup entries whose value cannot be read are kept by expiry; a record meeting one is dead-lettered"
+            );
+        }
+        if step.unwritable > 0 {
+            tracing::warn!(
+                task = %pipeline.task_name(self.emit.partition),
+                entries = step.unwritable,
+                "expired dedup entries are kept: their keys are too long for a changelog tombstone \
+                 (tally writes no such key; were they written to the changelog by another producer?)"
             );
         }
         self.expiry_cursor = step.resume_after;
@@ -382,11 +392,11 @@ impl Task for PipelineTask {
 
     /// Deletes expired dedup keys inside the transaction: a pass under way goes on at every
     /// tick; the next starts an expiry interval after the last ended.
-    fn tick(&mut self, now_ms: i64, _producer: &mut TxnProducer) -> Result<bool, ProcessError> {
+    fn tick(&mut self, now_ms: i64, producer: &mut TxnProducer) -> Result<bool, ProcessError> {
         if self.expiry_cursor.is_none() && self.last_expiry.elapsed() < self.expiry_every {
             return Ok(false);
         }
-        let n = self.expire(now_ms, EXPIRY_BATCH)?;
+        let n = self.expire(now_ms, EXPIRY_BATCH, producer.largest_bytes())?;
         if n > 0 {
             tracing::debug!(expired = n, pipeline = self.label(), "expired dedup keys deleted");
         }

@@ -47,6 +47,18 @@ pub fn carried(id: &str) -> Cow<'_, str> {
     }
 }
 
+/// Replaces `text` by the id derived from it when it is longer than [`MAX_CARRIED_BYTES`] (see
+/// [`carried`]).
+pub fn shorten(text: &mut String) {
+    let short = match carried(text) {
+        Cow::Owned(short) => Some(short),
+        Cow::Borrowed(_) => None,
+    };
+    if let Some(short) = short {
+        *text = short;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

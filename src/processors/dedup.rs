@@ -52,6 +52,9 @@ pub struct ExpiryStep {
     /// Entries whose value cannot be decoded, so their age is unknown: kept (a record meeting
     /// one is dead-lettered or its task rebuilt, see `engine::task`).
     pub unreadable: usize,
+    /// Expired entries kept because their key is too long for the tombstone to be written (a
+    /// changelog record tally did not write: every key it writes fits).
+    pub unwritable: usize,
 }
 
 /// Looks at up to `batch` committed keys after `after` (from the start when `None`) and deletes
@@ -65,12 +68,14 @@ pub fn expire(
     retention: Duration,
     after: Option<&[u8]>,
     batch: usize,
+    max_key_bytes: usize,
 ) -> Result<ExpiryStep, StateError> {
     let cutoff = now_ms.saturating_sub(i64::try_from(retention.as_millis()).unwrap_or(i64::MAX));
     let mut expired = Vec::new();
     let mut last = None;
     let mut seen = 0;
     let mut unreadable = 0;
+    let mut unwritable = 0;
     for item in store.scan_after(index, after)? {
         if seen == batch {
             break;
@@ -85,6 +90,7 @@ pub fn expire(
             Some(Some(pending)) => Some(pending),
         };
         match value.map(|v| state::decode::<DedupEntry>(store, index, &key, v)) {
+            Some(Ok(entry)) if entry.first_seen_ms <= cutoff && key.len() > max_key_bytes => unwritable += 1,
             Some(Ok(entry)) if entry.first_seen_ms <= cutoff => expired.push(key.to_vec()),
             Some(Err(StateError::Codec { .. })) => unreadable += 1,
             Some(Err(e)) => return Err(e),
@@ -99,6 +105,7 @@ pub fn expire(
         deleted: expired.len(),
         resume_after: if seen == batch { last.map(|k| k.to_vec()) } else { None },
         unreadable,
+        unwritable,
     })
 }
 
@@ -163,7 +170,12 @@ mod tests {
         admit(&mut s, 0, k("new"), 9_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
-        assert_eq!(expire(&mut s, 0, 12_000, retention, None, 100).expect("ok").deleted, 1);
+        assert_eq!(
+            expire(&mut s, 0, 12_000, retention, None, 100, usize::MAX)
+                .expect("ok")
+                .deleted,
+            1
+        );
         let changes = s.take_changes();
         assert_eq!(changes.len(), 1);
         assert_eq!(
@@ -194,7 +206,12 @@ mod tests {
             admit(&mut s, 0, k("k"), 20_000, retention).expect("ok"),
             Admission::First
         );
-        assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 0);
+        assert_eq!(
+            expire(&mut s, 0, 20_000, retention, None, 100, usize::MAX)
+                .expect("ok")
+                .deleted,
+            0
+        );
         s.take_changes();
         s.commit(&[]).expect("commit");
         assert_eq!(
@@ -214,11 +231,30 @@ mod tests {
         admit(&mut s, 0, k("c"), 1_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
-        let step = expire(&mut s, 0, 20_000, retention, None, 100).expect("an unreadable entry is no error");
+        let step =
+            expire(&mut s, 0, 20_000, retention, None, 100, usize::MAX).expect("an unreadable entry is no error");
         assert_eq!((step.deleted, step.unreadable), (2, 1));
         let mut deleted: Vec<Vec<u8>> = s.take_changes().into_iter().map(|c| c.key).collect();
         deleted.sort();
         assert_eq!(deleted, [b"a".to_vec(), b"c".to_vec()], "the unreadable entry is kept");
+    }
+
+    #[test]
+    fn an_expired_key_too_long_for_its_tombstone_is_kept_and_counted() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let retention = Duration::from_secs(10);
+        let long = "L".repeat(40);
+        admit(&mut s, 0, k("short"), 1_000, retention).expect("ok");
+        admit(&mut s, 0, k(&long), 1_000, retention).expect("ok");
+        s.take_changes();
+        s.commit(&[]).expect("commit");
+        let step = expire(&mut s, 0, 20_000, retention, None, 100, 39).expect("ok");
+        assert_eq!((step.deleted, step.unwritable), (1, 1));
+        let deleted: Vec<Vec<u8>> = s.take_changes().into_iter().map(|c| c.key).collect();
+        assert_eq!(deleted, [b"short".to_vec()], "no tombstone that could not be written");
+        let step = expire(&mut s, 0, 20_000, retention, None, 100, 40).expect("ok");
+        assert_eq!((step.deleted, step.unwritable), (1, 0), "one that fits goes");
     }
 
     #[test]
@@ -229,8 +265,18 @@ mod tests {
         admit(&mut s, 0, k("k"), 1_000, retention).expect("ok");
         s.take_changes();
         s.commit(&[]).expect("commit");
-        assert_eq!(expire(&mut s, 0, 20_000, retention, None, 100).expect("ok").deleted, 1);
-        assert_eq!(expire(&mut s, 0, 30_000, retention, None, 100).expect("ok").deleted, 0);
+        assert_eq!(
+            expire(&mut s, 0, 20_000, retention, None, 100, usize::MAX)
+                .expect("ok")
+                .deleted,
+            1
+        );
+        assert_eq!(
+            expire(&mut s, 0, 30_000, retention, None, 100, usize::MAX)
+                .expect("ok")
+                .deleted,
+            0
+        );
         assert_eq!(s.take_changes().len(), 1, "one tombstone");
     }
 
@@ -248,7 +294,7 @@ mod tests {
         let mut steps = Vec::new();
         let mut after: Option<Vec<u8>> = None;
         loop {
-            let step = expire(&mut s, 0, 12_000, retention, after.as_deref(), 2).expect("ok");
+            let step = expire(&mut s, 0, 12_000, retention, after.as_deref(), 2, usize::MAX).expect("ok");
             steps.push(step.deleted);
             after = step.resume_after;
             if after.is_none() {

@@ -3,7 +3,7 @@
 
 use super::state::{self, StateError, StoreKey};
 use crate::store::TaskStore;
-use crate::topology::template::STORED_KEY_START;
+use crate::topology::rendered_key::STORED_KEY_START;
 use crate::topology::RenderedKey;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -135,6 +135,7 @@ mod tests {
         RenderedKey {
             text: text.to_string(),
             stored: format!("{STORED_KEY_START}f{text}{STORED_KEY_START}"),
+            may_read_alike: false,
         }
     }
 

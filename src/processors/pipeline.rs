@@ -34,7 +34,7 @@ pub enum Decision {
     /// Passes: write it to the output with this message key.
     Emit {
         /// The business idempotency key.
-        idempotency_key: String,
+        idempotency_key: RenderedKey,
         /// The output message key.
         output_key: String,
         /// The output value when it is not the input's (merged state, mapped ids).
@@ -45,19 +45,19 @@ pub enum Decision {
     /// A first write-back for its entity: these records go to the mappings topic.
     Mapping {
         /// The business idempotency key.
-        idempotency_key: String,
+        idempotency_key: RenderedKey,
         /// Mapping records for the mappings topic.
         records: Vec<MappingRecord>,
     },
     /// Seen before: drop it.
     Duplicate {
         /// The business idempotency key.
-        idempotency_key: String,
+        idempotency_key: RenderedKey,
     },
     /// A version not higher than the entity's: drop it.
     Stale {
         /// The business idempotency key.
-        idempotency_key: String,
+        idempotency_key: RenderedKey,
         /// The record's version.
         version: i64,
         /// The entity's version.
@@ -87,7 +87,7 @@ pub struct Rekeyed {
 
 impl Decision {
     /// The idempotency key the decision was made for, when the record had one.
-    pub fn idempotency_key(&self) -> Option<&str> {
+    pub fn idempotency_key(&self) -> Option<&RenderedKey> {
         match self {
             Decision::Emit { idempotency_key, .. }
             | Decision::Duplicate { idempotency_key }
@@ -298,7 +298,7 @@ impl PipelineProcessor {
         store: &mut TaskStore,
     ) -> Result<Result<Decision, Rejection>, StateError> {
         let emit = |key: RenderedKey, payload: Option<Vec<u8>>| Decision::Emit {
-            idempotency_key: key.text,
+            idempotency_key: key,
             output_key: output_key.clone(),
             payload,
             pending: Vec::new(),
@@ -309,9 +309,7 @@ impl PipelineProcessor {
                 let at = self.store_key(store, index, &key)?;
                 match dedup::admit(store, index, at, now_ms, *retention)? {
                     Admission::First => emit(key, None),
-                    Admission::Duplicate => Decision::Duplicate {
-                        idempotency_key: key.text,
-                    },
+                    Admission::Duplicate => Decision::Duplicate { idempotency_key: key },
                 }
             }
             Strategy::Overwrite { entity, version } => {
@@ -332,7 +330,7 @@ impl PipelineProcessor {
                 match version_gate::offer(store, index, at, v)? {
                     Gate::Newer => emit(key, None),
                     Gate::Stale { current } => Decision::Stale {
-                        idempotency_key: key.text,
+                        idempotency_key: key,
                         version: v,
                         current,
                     },
@@ -361,9 +359,7 @@ impl PipelineProcessor {
                         MergeEmit::State => emit(key, Some(state)),
                         MergeEmit::Increment => emit(key, None),
                     },
-                    Merge::AlreadyApplied => Decision::Duplicate {
-                        idempotency_key: key.text,
-                    },
+                    Merge::AlreadyApplied => Decision::Duplicate { idempotency_key: key },
                     Merge::TooLarge { bytes } => {
                         // The bound protects memory and the changelog: the increment is refused.
                         let detail = format!(
@@ -393,12 +389,10 @@ impl PipelineProcessor {
                 let index = self.store_index(StoreKind::Links)?;
                 match idmap::record(store, index, &self.global, &wb)? {
                     Some(records) => Decision::Mapping {
-                        idempotency_key: key.text,
+                        idempotency_key: key,
                         records,
                     },
-                    None => Decision::Duplicate {
-                        idempotency_key: key.text,
-                    },
+                    None => Decision::Duplicate { idempotency_key: key },
                 }
             }
         }))

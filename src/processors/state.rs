@@ -2,7 +2,7 @@
 
 use crate::store::codec::{self, CodecError};
 use crate::store::{StoreError, TaskStore};
-use crate::topology::template::{readable_key, STORED_KEY_START};
+use crate::topology::rendered_key::{readable_key, STORED_KEY_START};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 

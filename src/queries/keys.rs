@@ -3,7 +3,7 @@
 //! input that may hold it.
 
 use crate::topology::partitioner::Partitioner;
-use crate::topology::template::STORED_KEY_START;
+use crate::topology::rendered_key::field_values;
 use crate::topology::{Pipeline, StoreKind};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
@@ -58,30 +58,6 @@ pub fn lookup(p: &Pipeline, kind: StoreKind, text: &str, partitioner: Partitione
         stored,
         partitions: determined.then_some(partitions),
     }
-}
-
-/// The field values of a stored key, in template order: the inverse of the template's
-/// `push_stored` (kind, text with `\` and NUL escaped, NUL; after a leading NUL).
-fn field_values(stored: &str) -> Option<Vec<String>> {
-    let mut chars = stored.strip_prefix(STORED_KEY_START)?.chars();
-    let mut values = Vec::new();
-    while let Some(kind) = chars.next() {
-        let mut text = String::new();
-        loop {
-            match chars.next()? {
-                '\0' => break,
-                '\\' => text.push(match chars.next()? {
-                    '0' => '\0',
-                    other => other,
-                }),
-                c => text.push(c),
-            }
-        }
-        if kind == 'f' {
-            values.push(text);
-        }
-    }
-    Some(values)
 }
 
 /// A JSON object with each field path set to its value (as a string: a number's text in a key is

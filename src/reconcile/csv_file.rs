@@ -1,6 +1,7 @@
 //! Sent keys from a CSV file with a header row: one column holds the key, or a key template
 //! is built from the row's columns.
 
+use super::counted_key::CountedKey;
 use super::files::{hand, sent_entry, text_key, Entry, Unreadable, BOM};
 use super::sent_key::SentKey;
 use super::window::Window;
@@ -91,7 +92,7 @@ pub fn read_csv(
                         "the key runs over lines {line}-{end}: an unbalanced quote?"
                     ))))?,
                     (_, Some(key)) => match text_key(key) {
-                        Ok(key) => each(Entry::Key(key))?,
+                        Ok(key) => each(Entry::Key(CountedKey::text(key)))?,
                         Err(reason) => each(Entry::Unreadable(unreadable(reason)))?,
                     },
                 }

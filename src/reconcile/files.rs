@@ -1,6 +1,7 @@
 //! Keys from a file of what upstream says it sent: JSON Lines, a JSON array or CSV (read by
 //! `csv_file`), one key per record, found as a [`SentKey`] says.
 
+use super::counted_key::CountedKey;
 use super::sent_key::SentKey;
 use super::window::Window;
 use anyhow::{Context, Result};
@@ -48,7 +49,7 @@ pub struct Unreadable {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Entry<'a> {
     /// The record's idempotency key.
-    Key(&'a str),
+    Key(CountedKey<'a>),
     /// The record's time is outside the reconciliation's window.
     Outside,
     /// The record has no usable key.
@@ -160,8 +161,13 @@ impl<'de> Visitor<'de> for Elements<'_, '_> {
     }
 }
 
+/// The longest JSON Lines line read. A longer one (a file with no line breaks, say) is
+/// unreadable, and only this much of it is held in memory.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
 /// Reads JSON Lines: each non-blank line is a JSON object or a bare JSON string, keyed as `key`
-/// says. Blank lines carry no record and are passed over.
+/// says. Blank lines carry no record and are passed over; a line over [`MAX_LINE_BYTES`] is
+/// unreadable.
 pub fn read_jsonl(
     mut input: impl BufRead,
     name: &str,
@@ -173,10 +179,16 @@ pub fn read_jsonl(
     let mut number = 0u64;
     loop {
         line.clear();
-        if input.read_until(b'\n', &mut line)? == 0 {
+        let length = read_capped_line(&mut input, &mut line, MAX_LINE_BYTES)?;
+        if length == 0 {
             return Ok(());
         }
         number += 1;
+        if length > line.len() {
+            let reason = format!("the line is {length} bytes, over the {MAX_LINE_BYTES} a line may hold");
+            hand(Err(reason), || format!("{name}:{number}"), each)?;
+            continue;
+        }
         let mut text = trim_line_end(&line);
         if number == 1 {
             text = text.strip_prefix(BOM).unwrap_or(text);
@@ -191,9 +203,35 @@ pub fn read_jsonl(
     }
 }
 
+/// Reads one line, its newline included, into `line`, keeping at most `cap` bytes of it and
+/// passing over the rest; returns the line's whole length (0 at the end of the input).
+fn read_capped_line(input: &mut impl BufRead, line: &mut Vec<u8>, cap: usize) -> std::io::Result<usize> {
+    let mut length = 0;
+    loop {
+        let buf = match input.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(length);
+        }
+        let end = buf.iter().position(|&b| b == b'\n').map(|i| i + 1);
+        let chunk = &buf[..end.unwrap_or(buf.len())];
+        let room = cap.saturating_sub(line.len());
+        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        length += chunk.len();
+        let read = chunk.len();
+        input.consume(read);
+        if end.is_some() {
+            return Ok(length);
+        }
+    }
+}
+
 /// What a sent record is: outside the window, or its key.
 pub(super) enum Sent {
-    Key(String),
+    Key(CountedKey<'static>),
     Outside,
 }
 
@@ -215,7 +253,7 @@ pub(super) fn hand(
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
     match entry {
-        Ok(Sent::Key(key)) => each(Entry::Key(&key)),
+        Ok(Sent::Key(key)) => each(Entry::Key(key)),
         Ok(Sent::Outside) => each(Entry::Outside),
         Err(reason) => each(Entry::Unreadable(Unreadable {
             location: location(),
@@ -287,6 +325,33 @@ mod tests {
             "{\"idempotency_key\":\"PAY-1:PAID\",\"amount\":3}\n\"PAY-2:PAID\"\r\n{\"idempotency_key\":42}\n\"PAY-1:PAID\"",
         );
         assert_eq!(got, ["PAY-1:PAID", "PAY-2:PAID", "42", "PAY-1:PAID"]);
+    }
+
+    #[test]
+    fn a_line_past_the_cap_is_unreadable_and_only_the_cap_is_held() {
+        let long = format!("\"{}\"\n", "x".repeat(MAX_LINE_BYTES));
+        let got = jsonl(&format!("\"A\"\n{long}\"B\""));
+        assert_eq!(got.len(), 3, "the line after it is read");
+        assert_eq!((got[0].as_str(), got[2].as_str()), ("A", "B"));
+        let over = format!(
+            "!sent.jsonl:2: the line is {} bytes, over the {MAX_LINE_BYTES}",
+            long.len()
+        );
+        assert!(got[1].starts_with(&over), "{}", got[1]);
+
+        // Across buffer boundaries: a reader handing out 3 bytes at a time.
+        let mut input = std::io::BufReader::with_capacity(3, &b"abcdefgh\nij\n\nk"[..]);
+        let mut line = Vec::new();
+        let mut lines = Vec::new();
+        loop {
+            line.clear();
+            match read_capped_line(&mut input, &mut line, 4).expect("read") {
+                0 => break,
+                n => lines.push((n, String::from_utf8_lossy(&line).into_owned())),
+            }
+        }
+        let expected = [(9, "abcd"), (3, "ij\n"), (1, "\n"), (1, "k")];
+        assert_eq!(lines, expected.map(|(n, l)| (n, l.to_string())));
     }
 
     #[test]

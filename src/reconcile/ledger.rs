@@ -108,7 +108,8 @@ impl Counts {
         }
     }
 
-    fn plus(self, other: Self) -> Self {
+    /// Both counts added, saturating.
+    pub fn plus(self, other: Self) -> Self {
         Self {
             sent: self.sent.saturating_add(other.sent),
             processed: self.processed.saturating_add(other.processed),

@@ -14,7 +14,7 @@ use crate::engine::task::Task;
 use crate::metrics::events::OpenEventsScanned;
 use crate::metrics::store_gauges::StoreGauges;
 use crate::metrics::Metrics;
-use crate::processors::{Decision, Processed, Reason, Rejection};
+use crate::processors::{correlation, Decision, Processed, Reason, Rejection};
 use crate::reconcile::watch::Watcher;
 use crate::store::{codec, TaskStore};
 use crate::topology::ReconcileSettings;
@@ -66,6 +66,22 @@ struct TraceIn<'a> {
     node: String,
     status: Status,
     timestamp_ms: i64,
+}
+
+impl TraceIn<'_> {
+    /// The record with each text over `correlation::MAX_CARRIED_BYTES` replaced by the id
+    /// derived from it. Anyone may write to the trace topic, and the store entry and alert of an
+    /// event repeat these texts, so they must fit however long a record's were. Every record
+    /// of an event derives the same id from the same long event id, so they still match.
+    fn bounded(mut self) -> Self {
+        let texts = [Some(&mut self.event_id), Some(&mut self.node)]
+            .into_iter()
+            .chain([self.idempotency_key.as_mut(), self.correlation_id.as_mut()]);
+        for text in texts.flatten() {
+            correlation::shorten(text);
+        }
+        self
+    }
 }
 
 /// What one scan found.
@@ -397,7 +413,7 @@ fn parse(payload: Option<&[u8]>) -> Result<Option<TraceIn<'_>>, Rejection> {
     // One pass for the usual record; only one that does not fit is looked at again, to tell
     // another format (skipped) from a broken record of ours (dead-lettered).
     let typed_error = match serde_json::from_slice::<TraceIn>(bytes) {
-        Ok(t) => return Ok((t.format == FORMAT).then_some(t)),
+        Ok(t) => return Ok((t.format == FORMAT).then(|| t.bounded())),
         Err(e) => e,
     };
     let value: serde_json::Value = serde_json::from_slice(bytes)

@@ -1,6 +1,7 @@
 //! Reconciliation: proving nothing was lost, live (events stuck unfinished on the trace topic)
 //! and offline (what upstream sent against what was processed).
 
+pub mod counted_key;
 pub mod csv_file;
 pub mod files;
 pub mod ledger;

@@ -2,16 +2,17 @@
 //! counted in a temporary RocksDB (memory does not grow with the key count) and compared in one
 //! ordered scan that reports missing, ghost and duplicate keys.
 
+use super::counted_key::Judge;
 use super::files::{self, Entry, FileFormat, Unreadable};
 use super::ledger::{Counter, Ledger};
 use super::progress::Progress;
-use super::records::{self, Keyed};
+use super::records::{self, KeyHeaders, Keyed};
 use super::report::{Findings, Report, Side, Summary};
 use super::report_file::ReportFormat;
 use super::sent_key::SentKey;
 use super::topic;
 use super::window::Window;
-use crate::wire::IDEMPOTENCY_KEY_HEADER;
+use crate::wire::{IDEMPOTENCY_KEY_FIELDS_HEADER, IDEMPOTENCY_KEY_HEADER};
 use anyhow::{bail, Result};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientConfig, Message};
@@ -123,10 +124,13 @@ pub fn run(opts: &Options) -> Result<Findings> {
     read_sent(opts, &mut ledger, &mut report)?;
     read_processed(opts, &ledger, &mut report)?;
     let progress = Progress::start("comparing", "keys", opts.progress);
+    let mut judge = Judge::default();
+    let mut verdict = |text: &str, fields: Option<&str>, counts| report.key(text, fields, counts);
     ledger.scan(&mut |key, counts| {
         progress.inc();
-        report.key(key, counts)
+        judge.key(key, counts, &mut verdict)
     })?;
+    judge.finish(&mut verdict)?;
     progress.finish();
     report.finish()
 }
@@ -162,14 +166,7 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
         SentSource::File { path, format } => files::read_file(path, *format, &opts.sent_key, window, &mut |entry| {
             progress.inc();
             match entry {
-                Entry::Key(key) => count(
-                    Keyed::Key(key.into()),
-                    Side::Sent,
-                    ledger,
-                    &mut read,
-                    &report,
-                    String::new,
-                ),
+                Entry::Key(key) => count(Keyed::Key(key), Side::Sent, ledger, &mut read, &report, String::new),
                 Entry::Outside => {
                     read.outside_window += 1;
                     Ok(())
@@ -183,7 +180,7 @@ fn read_sent(opts: &Options, ledger: &mut Ledger, report: &mut Report) -> Result
                 read.outside_window += 1;
                 return Ok(());
             }
-            let keyed = records::sent(header(m, IDEMPOTENCY_KEY_HEADER), m.payload(), &opts.sent_key);
+            let keyed = records::sent(key_headers(m), m.payload(), &opts.sent_key);
             count(keyed, Side::Sent, ledger, &mut read, &report, || location(m))
         })?,
     }
@@ -215,7 +212,7 @@ fn read_processed(opts: &Options, ledger: &Ledger, report: &mut Report) -> Resul
                 return Ok(());
             }
             let keyed = match opts.processed_kind {
-                ProcessedKind::Output => records::output(header(m, IDEMPOTENCY_KEY_HEADER)),
+                ProcessedKind::Output => records::output(key_headers(m)),
                 ProcessedKind::Trace => records::trace(m.payload(), opts.trace_node.as_deref()),
             };
             count(keyed, Side::Processed, writer, read, &report, || location(m))
@@ -267,11 +264,11 @@ fn count(
         Keyed::Key(key) => {
             read.records += 1;
             match side {
-                Side::Sent => counter.sent(key.as_bytes()),
-                Side::Processed => counter.processed(key.as_bytes()),
+                Side::Sent => counter.sent(&key.encode()),
+                Side::Processed => counter.processed(&key.encode()),
             }
         }
-        Keyed::Settled(key, how) => counter.settled(key.as_bytes(), how),
+        Keyed::Settled(key, how) => counter.settled(&key.encode(), how),
         Keyed::Skipped => {
             read.skipped += 1;
             Ok(())
@@ -291,10 +288,17 @@ fn location(m: &BorrowedMessage<'_>) -> String {
     format!("{}/{}/{}", m.topic(), m.partition(), m.offset())
 }
 
-fn header<'a>(m: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
-    crate::engine::headers::entries(m)
-        .find(|h| h.name == name.as_bytes())
-        .and_then(|h| h.value)
+/// The record's `tally.idempotency_key` and `tally.idempotency_key.fields` headers.
+fn key_headers<'a>(m: &'a BorrowedMessage<'_>) -> KeyHeaders<'a> {
+    let mut found = KeyHeaders::default();
+    for h in crate::engine::headers::entries(m) {
+        if h.name == IDEMPOTENCY_KEY_HEADER.as_bytes() {
+            found.text = found.text.or(h.value);
+        } else if h.name == IDEMPOTENCY_KEY_FIELDS_HEADER.as_bytes() {
+            found.fields = found.fields.or(h.value);
+        }
+    }
+    found
 }
 
 #[cfg(test)]

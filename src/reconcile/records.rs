@@ -1,6 +1,7 @@
 //! The key a topic record contributes to a reconciliation: a sent record, a tally output, or a
 //! trace record in `tally.trace/v1` format.
 
+use super::counted_key::CountedKey;
 use super::files::text_key;
 use super::sent_key::SentKey;
 use crate::trace::FORMAT;
@@ -10,10 +11,10 @@ use serde::Deserialize;
 #[derive(Debug, PartialEq, Eq)]
 pub enum Keyed<'a> {
     /// It counts for this idempotency key.
-    Key(std::borrow::Cow<'a, str>),
+    Key(CountedKey<'a>),
     /// A trace record of an event tally settled without an output: dropped by its rules or
     /// dead-lettered. The key is accounted for, not missing.
-    Settled(std::borrow::Cow<'a, str>, Settlement),
+    Settled(CountedKey<'a>, Settlement),
     /// It is not one of the records counted (a trace record that is not an output, another
     /// format, another node); counted as skipped.
     Skipped,
@@ -30,33 +31,47 @@ pub enum Settlement {
     DeadLettered,
 }
 
-/// A sent record: the key in its idempotency-key header when present, else found in its JSON
-/// value as `key` says.
-pub fn sent<'a>(header: Option<&'a [u8]>, payload: Option<&[u8]>, key: &SentKey) -> Keyed<'a> {
-    if let Some(h) = header {
-        return match text_key(h) {
-            Ok(key) => Keyed::Key(key.into()),
+/// The key headers of a record: `tally.idempotency_key` and `tally.idempotency_key.fields`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyHeaders<'a> {
+    /// The key's text.
+    pub text: Option<&'a [u8]>,
+    /// Its field values, on the records whose text alone may not tell them.
+    pub fields: Option<&'a [u8]>,
+}
+
+impl<'a> KeyHeaders<'a> {
+    /// The key they carry, `None` without a text header.
+    fn key(self) -> Option<Keyed<'a>> {
+        let text = self.text?;
+        let keyed = text_key(text).and_then(|text| CountedKey::with_fields_header(text, self.fields));
+        Some(match keyed {
+            Ok(key) => Keyed::Key(key),
             Err(reason) => Keyed::Unreadable(format!("header: {reason}")),
-        };
+        })
+    }
+}
+
+/// A sent record: the key in its idempotency-key headers when present, else found in its JSON
+/// value as `key` says.
+pub fn sent<'a>(headers: KeyHeaders<'a>, payload: Option<&[u8]>, key: &SentKey) -> Keyed<'a> {
+    if let Some(keyed) = headers.key() {
+        return keyed;
     }
     match payload {
         None => Keyed::Unreadable("no idempotency-key header and no value".to_string()),
         Some(p) => match key.of_json(p) {
-            Ok(key) => Keyed::Key(key.into()),
+            Ok(key) => Keyed::Key(key),
             Err(reason) => Keyed::Unreadable(format!("no idempotency-key header, and the value: {reason}")),
         },
     }
 }
 
-/// A record of a pipeline's output topic: the key in its idempotency-key header.
-pub fn output(header: Option<&[u8]>) -> Keyed<'_> {
-    match header {
-        None => Keyed::Unreadable("no idempotency-key header".to_string()),
-        Some(h) => match text_key(h) {
-            Ok(key) => Keyed::Key(key.into()),
-            Err(reason) => Keyed::Unreadable(format!("header: {reason}")),
-        },
-    }
+/// A record of a pipeline's output topic: the key in its idempotency-key headers.
+pub fn output(headers: KeyHeaders<'_>) -> Keyed<'_> {
+    headers
+        .key()
+        .unwrap_or_else(|| Keyed::Unreadable("no idempotency-key header".to_string()))
 }
 
 /// The fields of a trace record a reconciliation reads.
@@ -64,6 +79,7 @@ pub fn output(header: Option<&[u8]>) -> Keyed<'_> {
 struct TraceFields {
     format: Option<String>,
     idempotency_key: Option<String>,
+    idempotency_key_fields: Option<Vec<String>>,
     node: Option<String>,
     status: Option<String>,
     outcome: Option<String>,
@@ -98,9 +114,10 @@ pub fn trace(payload: Option<&[u8]>, node: Option<&str>) -> Keyed<'static> {
         (Some("COMPLETED"), Some(_)) => Some(Settlement::Dropped),
         _ => return Keyed::Skipped,
     };
+    let key_fields = fields.idempotency_key_fields.as_deref();
     match (fields.idempotency_key, settled) {
-        (Some(key), None) if !key.is_empty() => Keyed::Key(key.into()),
-        (Some(key), Some(how)) if !key.is_empty() => Keyed::Settled(key.into(), how),
+        (Some(key), None) if !key.is_empty() => Keyed::Key(CountedKey::with_fields(key, key_fields)),
+        (Some(key), Some(how)) if !key.is_empty() => Keyed::Settled(CountedKey::with_fields(key, key_fields), how),
         (_, None) => Keyed::Unreadable("a COMPLETED trace record without an idempotency_key".to_string()),
         // A record dead-lettered before it had a key (invalid JSON, a missing key field) names
         // no key to settle; the dead-letter topic holds it.
@@ -113,7 +130,14 @@ mod tests {
     use super::*;
 
     fn key(k: &str) -> Keyed<'static> {
-        Keyed::Key(k.to_string().into())
+        Keyed::Key(CountedKey::text(k.to_string()))
+    }
+
+    fn text(h: &str) -> KeyHeaders<'_> {
+        KeyHeaders {
+            text: Some(h.as_bytes()),
+            fields: None,
+        }
     }
 
     fn f(name: &str) -> SentKey {
@@ -127,20 +151,39 @@ mod tests {
     #[test]
     fn sent_records_prefer_the_header_then_the_value() {
         let object = bytes(r#"{"idempotency_key":"V"}"#);
-        assert_eq!(sent(bytes("H"), object, &f("idempotency_key")), key("H"));
-        assert_eq!(sent(None, object, &f("idempotency_key")), key("V"));
-        assert_eq!(sent(None, bytes(r#"{"k":"V"}"#), &f("k")), key("V"));
-        assert_eq!(sent(None, bytes(r#""S""#), &f("idempotency_key")), key("S"));
-        assert!(matches!(sent(None, None, &f("k")), Keyed::Unreadable(_)));
-        assert!(matches!(sent(None, bytes("{oops"), &f("k")), Keyed::Unreadable(r) if r.contains("not valid JSON")));
-        assert!(matches!(sent(bytes(""), None, &f("k")), Keyed::Unreadable(r) if r.contains("empty")));
+        let none = KeyHeaders::default();
+        assert_eq!(sent(text("H"), object, &f("idempotency_key")), key("H"));
+        assert_eq!(sent(none, object, &f("idempotency_key")), key("V"));
+        assert_eq!(sent(none, bytes(r#"{"k":"V"}"#), &f("k")), key("V"));
+        assert_eq!(sent(none, bytes(r#""S""#), &f("idempotency_key")), key("S"));
+        assert!(matches!(sent(none, None, &f("k")), Keyed::Unreadable(_)));
+        assert!(matches!(sent(none, bytes("{oops"), &f("k")), Keyed::Unreadable(r) if r.contains("not valid JSON")));
+        assert!(matches!(sent(text(""), None, &f("k")), Keyed::Unreadable(r) if r.contains("empty")));
     }
 
     #[test]
-    fn outputs_need_the_header() {
-        assert_eq!(output(bytes("PAY-1:PAID")), key("PAY-1:PAID"));
-        assert!(matches!(output(None), Keyed::Unreadable(_)));
-        assert!(matches!(output(Some(b"\xff".as_slice())), Keyed::Unreadable(r) if r.contains("UTF-8")));
+    fn outputs_need_the_header_and_carry_the_fields_when_tally_wrote_them() {
+        assert_eq!(output(text("PAY-1:PAID")), key("PAY-1:PAID"));
+        assert!(matches!(output(KeyHeaders::default()), Keyed::Unreadable(_)));
+        let bad = KeyHeaders {
+            text: Some(b"\xff".as_slice()),
+            fields: None,
+        };
+        assert!(matches!(output(bad), Keyed::Unreadable(r) if r.contains("UTF-8")));
+        let split = KeyHeaders {
+            text: Some(b"X:Y:PAID".as_slice()),
+            fields: Some(br#"["X","Y:PAID"]"#.as_slice()),
+        };
+        let fields = ["X".to_string(), "Y:PAID".to_string()];
+        assert_eq!(
+            output(split),
+            Keyed::Key(CountedKey::with_fields("X:Y:PAID", Some(&fields)))
+        );
+        let garbled = KeyHeaders {
+            fields: Some(b"X".as_slice()),
+            ..split
+        };
+        assert!(matches!(output(garbled), Keyed::Unreadable(r) if r.contains("not a JSON array")));
     }
 
     fn record(status: &str, outcome: Option<&str>, key: Option<&str>) -> Vec<u8> {
@@ -161,7 +204,7 @@ mod tests {
     fn emitting_completions_count_as_outputs_and_drops_and_dead_letters_settle_their_key() {
         assert_eq!(trace_of("COMPLETED", None, Some("K"), None), key("K"));
         assert_eq!(trace_of("COMPLETED", Some("PENDING_CREATE"), Some("K"), None), key("K"));
-        let settled = |how| Keyed::Settled("K".into(), how);
+        let settled = |how| Keyed::Settled(CountedKey::text("K"), how);
         for (status, outcome, expected) in [
             ("COMPLETED", Some("DUPLICATE"), settled(Settlement::Dropped)),
             ("COMPLETED", Some("STALE"), settled(Settlement::Dropped)),
@@ -193,6 +236,14 @@ mod tests {
             Keyed::Skipped
         );
         assert_eq!(trace_of("COMPLETED", None, Some("K"), Some("app/payments")), key("K"));
+        let mut with_fields: serde_json::Value =
+            serde_json::from_slice(&record("COMPLETED", Some("DUPLICATE"), Some("X:Y:PAID"))).expect("json");
+        with_fields["idempotency_key_fields"] = serde_json::json!(["X:Y", "PAID"]);
+        let fields = ["X:Y".to_string(), "PAID".to_string()];
+        assert_eq!(
+            trace(Some(with_fields.to_string().as_bytes()), None),
+            Keyed::Settled(CountedKey::with_fields("X:Y:PAID", Some(&fields)), Settlement::Dropped)
+        );
         assert!(matches!(trace(bytes("not json"), None), Keyed::Unreadable(_)));
         assert!(matches!(trace(None, None), Keyed::Unreadable(_)));
         assert!(matches!(

@@ -226,8 +226,9 @@ impl Report {
         }
     }
 
-    /// Records a key's counts and, when they are an anomaly, reports it.
-    pub fn key(&mut self, key: &[u8], counts: Counts) -> Result<()> {
+    /// Records a key's counts and, when they are an anomaly, reports it; `fields` (a JSON array)
+    /// tells it from other keys of the same text.
+    pub fn key(&mut self, key: &str, fields: Option<&str>, counts: Counts) -> Result<()> {
         let s = &mut self.findings.summary;
         s.sent_keys += u64::from(counts.sent > 0);
         s.processed_keys += u64::from(counts.processed > 0);
@@ -254,13 +255,18 @@ impl Report {
                 Kind::Duplicate
             }
         };
-        let key = String::from_utf8_lossy(key);
-        self.example(kind, || match kind {
-            Kind::Missing | Kind::DeadLettered => key.to_string(),
-            _ => format!("{key} (processed {}x)", counts.processed),
+        self.example(kind, || {
+            let shown = match fields {
+                Some(fields) => format!("{key} {fields}"),
+                None => key.to_string(),
+            };
+            match kind {
+                Kind::Missing | Kind::DeadLettered => shown,
+                _ => format!("{shown} (processed {}x)", counts.processed),
+            }
         });
         match &mut self.file {
-            Some(f) => f.anomaly(kind, &key, counts.processed),
+            Some(f) => f.anomaly(kind, key, fields, counts.processed),
             None => Ok(()),
         }
     }
@@ -330,7 +336,7 @@ mod tests {
         ] {
             report.summary().sent_records += c.sent;
             report.summary().processed_records += c.processed;
-            report.key(key.as_bytes(), c).expect("key");
+            report.key(key, None, c).expect("key");
         }
     }
 
@@ -421,6 +427,37 @@ mod tests {
         .map(|r| r.iter().map(|s| s.to_string()).collect())
         .collect();
         assert_eq!(rows, expected);
+    }
+
+    #[test]
+    fn a_key_told_apart_by_its_fields_is_reported_with_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fields = Some(r#"["X:Y","PAID"]"#);
+        for format in [ReportFormat::Json, ReportFormat::Csv] {
+            let path = dir.path().join("r");
+            let mut report = Report::new(Some((&path, format)), 10).expect("report");
+            report.key("X:Y:PAID", fields, counts(1, 0)).expect("key");
+            report
+                .key("X:Y:PAID", Some(r#"["X","Y:PAID"]"#), counts(1, 1))
+                .expect("key");
+            let findings = report.finish().expect("finish");
+            assert_eq!(findings.summary.missing, 1);
+            assert_eq!(findings.summary.sent_keys, 2);
+            assert_eq!(findings.examples(Kind::Missing), [r#"X:Y:PAID ["X:Y","PAID"]"#]);
+            let text = std::fs::read_to_string(&path).expect("read");
+            let first = text
+                .lines()
+                .nth(usize::from(format == ReportFormat::Csv))
+                .expect("a line");
+            match format {
+                ReportFormat::Json => assert_eq!(
+                    serde_json::from_str::<serde_json::Value>(first).expect("json"),
+                    serde_json::json!({"kind": "missing", "idempotency_key": "X:Y:PAID",
+                        "idempotency_key_fields": ["X:Y", "PAID"], "count": 0})
+                ),
+                ReportFormat::Csv => assert_eq!(first, r#"missing,X:Y:PAID,0,"fields [""X:Y"",""PAID""]""#),
+            }
+        }
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub enum ReportFormat {
 struct KeyLine<'a> {
     kind: &'static str,
     idempotency_key: &'a str,
+    /// Only on keys told apart from others of the same text by their fields.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idempotency_key_fields: Option<Vec<String>>,
     count: u64,
 }
 
@@ -90,20 +93,24 @@ impl ReportFile {
         })
     }
 
-    /// Writes one key's anomaly.
-    pub fn anomaly(&mut self, kind: Kind, key: &str, count: u64) -> Result<()> {
+    /// Writes one key's anomaly; `fields` is the JSON array of its field values, when they
+    /// tell it from other keys of the same text.
+    pub fn anomaly(&mut self, kind: Kind, key: &str, fields: Option<&str>, count: u64) -> Result<()> {
         match &mut self.out {
             Out::Json(w) => json_line(
                 w,
                 &KeyLine {
                     kind: kind.as_str(),
                     idempotency_key: key,
+                    idempotency_key_fields: fields.and_then(|f| serde_json::from_str(f).ok()),
                     count,
                 },
             ),
-            Out::Csv(w) => w
-                .write_record([kind.as_str(), key, &count.to_string(), ""])
-                .map_err(anyhow::Error::from),
+            Out::Csv(w) => {
+                let detail = fields.map(|f| format!("fields {f}")).unwrap_or_default();
+                w.write_record([kind.as_str(), key, &count.to_string(), &detail])
+                    .map_err(anyhow::Error::from)
+            }
         }
         .with_context(|| format!("cannot write the report `{}`", self.path.display()))
     }

@@ -2,6 +2,7 @@
 //! key template applied to the record's fields (an export of upstream's rows, which has no key
 //! column, gets exactly the key tally gives the same event).
 
+use super::counted_key::CountedKey;
 use crate::topology::KeyTemplate;
 use anyhow::{anyhow, Result};
 use serde_json::{Map, Value};
@@ -27,8 +28,9 @@ impl SentKey {
         }
     }
 
-    /// The key of a JSON object or, for a field, a bare string.
-    pub fn of_value(&self, value: Value) -> Result<String, String> {
+    /// The key of a JSON object or, for a field, a bare string; a template's key carries its
+    /// fields where tally's would.
+    pub fn of_value(&self, value: Value) -> Result<CountedKey<'static>, String> {
         let key = match (self, value) {
             (Self::Field(_), Value::String(s)) => s,
             (Self::Field(field), Value::Object(mut map)) => match map.remove(field) {
@@ -44,7 +46,7 @@ impl SentKey {
                     json_type(&other)
                 ))
             }
-            (Self::Template(t), Value::Object(map)) => self.render(t, &map)?,
+            (Self::Template(t), Value::Object(map)) => return Self::render(t, &map),
             (Self::Template(t), other) => {
                 return Err(format!(
                     "the value is {}, not an object to build `{t}` from",
@@ -55,19 +57,24 @@ impl SentKey {
         if key.is_empty() {
             return Err("the key is empty".to_string());
         }
-        Ok(key)
+        Ok(CountedKey::text(key))
     }
 
     /// The key in one JSON document (see [`SentKey::of_value`]).
-    pub fn of_json(&self, document: &[u8]) -> Result<String, String> {
+    pub fn of_json(&self, document: &[u8]) -> Result<CountedKey<'static>, String> {
         let value: Value = serde_json::from_slice(document).map_err(|e| format!("not valid JSON: {e}"))?;
         self.of_value(value)
     }
 
-    fn render(&self, t: &KeyTemplate, map: &Map<String, Value>) -> Result<String, String> {
-        t.render_key(map)
-            .map(|k| k.text)
-            .map_err(|e| format!("cannot build the key `{t}`: {e}"))
+    fn render(t: &KeyTemplate, map: &Map<String, Value>) -> Result<CountedKey<'static>, String> {
+        let key = t
+            .render_key(map)
+            .map_err(|e| format!("cannot build the key `{t}`: {e}"))?;
+        if key.text.is_empty() {
+            return Err("the key is empty".to_string());
+        }
+        let fields = key.distinct_fields();
+        Ok(CountedKey::with_fields(key.text, fields.as_deref()))
     }
 }
 
@@ -88,7 +95,7 @@ mod tests {
     use super::*;
 
     fn key(spec: &SentKey, json: &str) -> Result<String, String> {
-        spec.of_json(json.as_bytes())
+        spec.of_json(json.as_bytes()).map(|k| k.to_string())
     }
 
     #[test]
@@ -102,6 +109,11 @@ mod tests {
             key(&spec, r#"{"payment_id":1299.0,"status":"PAID"}"#),
             Ok("1299:PAID".into()),
             "numbers are spelled as tally spells them"
+        );
+        assert_eq!(
+            key(&spec, r#"{"payment_id":"X:Y","status":"PAID"}"#),
+            Ok(r#"X:Y:PAID ["X:Y","PAID"]"#.into()),
+            "fields where tally's output would carry them"
         );
         let missing = key(&spec, r#"{"payment_id":"PAY-1"}"#).expect_err("no status");
         assert!(missing.contains("status"), "{missing}");

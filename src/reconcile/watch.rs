@@ -415,17 +415,23 @@ impl ReadRecord {
             .payload()
             .filter(|p| p.len() <= MAX_PARSED_BYTES)
             .and_then(|p| serde_json::from_slice::<Map<String, Value>>(p).ok());
-        let idempotency_key = doc
+        let mut idempotency_key = doc
             .as_ref()
             .and_then(|d| pipeline.key.render_key(d).ok())
             .map(|k| k.text);
         let seed = idempotency_key.as_deref().unwrap_or(&event_id);
-        let correlation_id = correlation::resolve(
+        let mut correlation_id = correlation::resolve(
             &pipeline.correlation,
             text(pipeline.correlation_header()),
             doc.as_ref(),
             seed,
         );
+        // An alert repeats both (the id twice): as long as a record allows, it could not be
+        // written.
+        correlation::shorten(&mut correlation_id);
+        if let Some(key) = &mut idempotency_key {
+            correlation::shorten(key);
+        }
         Self {
             offset: m.offset(),
             timestamp_ms: m.timestamp().to_millis(),

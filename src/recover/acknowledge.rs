@@ -42,6 +42,7 @@ pub fn acknowledge(t: &Topology, event_ids: &[String], reason: &str, who: &str) 
             format: FORMAT,
             event_id,
             idempotency_key: None,
+            idempotency_key_fields: None,
             correlation_id: "",
             node: &node,
             status: Status::Completed,

@@ -321,6 +321,7 @@ fn send_letter(
             format: FORMAT,
             event_id,
             idempotency_key: None,
+            idempotency_key_fields: None,
             correlation_id,
             node: &node,
             status: Status::Completed,

@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 /// healthy disk takes, well within the consumer's poll interval.
 pub const STALL_LIMIT: Duration = Duration::from_secs(60);
 
+/// The most bytes of records that restores and catch-ups gather before they write them: a count
+/// alone would let records of a megabyte each (merged states, or anything written to a
+/// changelog) gather gigabytes.
+pub const CATCH_UP_BATCH_BYTES: usize = 64 << 20;
+
 /// The longest pause between two attempts of a stalled write.
 const MAX_PAUSE: Duration = Duration::from_millis(50);
 

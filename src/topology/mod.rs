@@ -6,6 +6,7 @@ pub mod describe;
 pub mod diagram;
 pub mod partitioner;
 pub mod reconciler;
+pub mod rendered_key;
 pub mod state;
 pub mod template;
 
@@ -15,8 +16,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use reconciler::{ReconcileRun, Watch, WatchedTopic};
+pub use rendered_key::RenderedKey;
 pub use state::StateMemory;
-pub use template::{KeyTemplate, RenderedKey};
+pub use template::KeyTemplate;
 
 /// A whole application: what `tally run` executes.
 #[derive(Debug, Clone)]

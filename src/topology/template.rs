@@ -1,5 +1,6 @@
 //! Key templates such as `{payment_id}:{status}`: parsed once, rendered per record.
 
+use super::rendered_key::{push_stored, RenderedKey, STORED_KEY_START};
 use serde_json::{Map, Value};
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +11,11 @@ use std::str::FromStr;
 pub struct KeyTemplate {
     source: String,
     parts: Vec<Part>,
+    /// Every character of the template's literals, once each.
+    literal_chars: Vec<char>,
+    /// Whether any two rendered keys may read alike whatever their fields hold: two or more
+    /// fields, two of them side by side or one optional.
+    always_may_read_alike: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,12 +109,30 @@ impl FromStr for KeyTemplate {
         if !literal.is_empty() {
             parts.push(Part::Literal(literal));
         }
-        if !parts.iter().any(|p| matches!(p, Part::Field { .. })) {
+        let fields = parts.iter().filter(|p| matches!(p, Part::Field { .. })).count();
+        if fields == 0 {
             return Err(TemplateError::NoField);
         }
+        let side_by_side = parts
+            .windows(2)
+            .any(|w| matches!(w, [Part::Field { .. }, Part::Field { .. }]));
+        let optional = parts.iter().any(|p| matches!(p, Part::Field { empty_ok: true, .. }));
+        let mut literal_chars: Vec<char> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Literal(l) => Some(l.chars()),
+                Part::Field { .. } => None,
+            })
+            .flatten()
+            .collect();
+        literal_chars.sort_unstable();
+        literal_chars.dedup();
         Ok(Self {
             source: text.to_string(),
             parts,
+            // With one field there is one way to split: the literals around it are fixed.
+            literal_chars: if fields > 1 { literal_chars } else { Vec::new() },
+            always_may_read_alike: fields > 1 && (side_by_side || optional),
         })
     }
 }
@@ -138,25 +162,36 @@ impl KeyTemplate {
     }
 
     /// Builds the key for one JSON object, in both its forms (see [`RenderedKey`]).
+    ///
+    /// Keys are marked [`RenderedKey::may_read_alike`] by a test that is cheap and never misses:
+    /// when every field is non-empty and free of the literals' characters, and no two fields are
+    /// side by side, each literal can only match where the template put it, so the text splits
+    /// back one way only (`rendered_key::tests` checks this by brute force).
     pub fn render_key(&self, doc: &Map<String, Value>) -> Result<RenderedKey, RenderError> {
         // Sized for a typical key at once: growing three strings was a visible share of a record.
         let mut text = String::with_capacity(64);
         let mut stored = String::with_capacity(96);
         stored.push(STORED_KEY_START);
         let mut value = String::with_capacity(48);
+        let mut may_read_alike = self.always_may_read_alike;
         for part in &self.parts {
             let (kind, content) = match part {
                 Part::Literal(literal) => ('l', literal.as_str()),
                 Part::Field { path, empty_ok } => {
                     value.clear();
                     append_scalar(&mut value, lookup(doc, path), path, *empty_ok)?;
+                    may_read_alike = may_read_alike || value.contains(self.literal_chars.as_slice());
                     ('f', value.as_str())
                 }
             };
             text.push_str(content);
             push_stored(&mut stored, kind, content);
         }
-        Ok(RenderedKey { text, stored })
+        Ok(RenderedKey {
+            text,
+            stored,
+            may_read_alike,
+        })
     }
 
     /// Every stored key whose readable form is `text` (at most [`MAX_CANDIDATES`]): usually one,
@@ -241,63 +276,6 @@ impl KeyTemplate {
 pub const MAX_CANDIDATES: usize = 64;
 /// Most matching steps [`KeyTemplate::stored_keys_for`] takes.
 const MAX_SPLIT_STEPS: usize = 100_000;
-
-/// Appends one part to a stored key: its kind, its text with `\` and NUL escaped, a NUL.
-fn push_stored(stored: &mut String, kind: char, content: &str) {
-    stored.push(kind);
-    for c in content.chars() {
-        match c {
-            '\\' => stored.push_str("\\\\"),
-            '\0' => stored.push_str("\\0"),
-            other => stored.push(other),
-        }
-    }
-    stored.push('\0');
-}
-
-/// The readable form of a stored key (its parts' texts joined), for logs and errors; a key
-/// that is not a stored key (a text key an earlier version wrote) is shown as it is.
-pub fn readable_key(stored: &str) -> String {
-    let Some(parts) = stored.strip_prefix(STORED_KEY_START) else {
-        return stored.to_string();
-    };
-    let mut text = String::with_capacity(parts.len());
-    let mut chars = parts.chars();
-    // Each part: its kind, its escaped text, a NUL.
-    while chars.next().is_some() {
-        loop {
-            match chars.next() {
-                None | Some('\0') => break,
-                Some('\\') => match chars.next() {
-                    Some('0') => text.push('\0'),
-                    Some(other) => text.push(other),
-                    None => break,
-                },
-                Some(c) => text.push(c),
-            }
-        }
-    }
-    text
-}
-
-/// The first character of every stored key. Stores written by earlier versions hold text keys,
-/// which start with it only when their first part is a field whose value starts with NUL.
-pub const STORED_KEY_START: char = '\0';
-
-/// A key rendered for one record, in two forms.
-///
-/// `text` is the template with its fields filled in (`SKU-1:WH:A:7`): what trace records, dead
-/// letters and logs show. Two records can share it (`WH:A`+`7` and `WH`+`A:7`), so stores keep
-/// `stored`: after [`STORED_KEY_START`], each part of the template as a kind (`l` literal, `f`
-/// field), its text with `\` and NUL escaped, and a NUL. The NULs split it back into exactly
-/// those parts, so distinct field values always give distinct stored keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RenderedKey {
-    /// The readable form.
-    pub text: String,
-    /// The unambiguous form stores use.
-    pub stored: String,
-}
 
 fn lookup<'a>(doc: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
     let (first, rest) = path.split_first()?;
@@ -486,16 +464,6 @@ mod tests {
             "no saturation"
         );
         assert_eq!(t.render(&doc(json!({"id": ""}))), Err(RenderError::Empty("id".into())));
-    }
-
-    #[test]
-    fn a_stored_key_reads_back_as_its_text_and_a_text_key_as_itself() {
-        let t: KeyTemplate = "{a}:{b}".parse().expect("template");
-        let doc = serde_json::json!({"a": "x\\y:", "b": "nul\u{0}z"});
-        let key = t.render_key(doc.as_object().expect("object")).expect("renders");
-        assert_eq!(readable_key(&key.stored), key.text);
-        assert_eq!(readable_key("P-1:PAID"), "P-1:PAID");
-        assert_eq!(readable_key("\0f"), "", "a cut-off key reads as far as it goes");
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct TraceRecord<'a> {
     pub event_id: &'a str,
     /// The business idempotency key, when known at this node.
     pub idempotency_key: Option<&'a str>,
+    /// The key's field values, when its text alone may not tell them (two events whose fields
+    /// differ only in where a separator falls): what keeps them apart in a reconciliation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key_fields: Option<Vec<String>>,
     /// The correlation id.
     pub correlation_id: &'a str,
     /// `<application_id>/<pipeline>` (`/repartition` for the re-keying node).
@@ -114,6 +118,7 @@ mod tests {
             format: FORMAT,
             event_id: "payments/0/42",
             idempotency_key: Some("PAY-1:PAID"),
+            idempotency_key_fields: None,
             correlation_id: "corr-1",
             node: "app/payments",
             status,

@@ -3,6 +3,14 @@
 use super::*;
 use crate::config;
 use crate::store::StoreEnv;
+use crate::topology::KeyTemplate;
+
+/// The key a `{a}:{b}` template gives fields `a` and `b`.
+fn key(a: &str, b: &str) -> RenderedKey {
+    let t: KeyTemplate = "{a}:{b}".parse().expect("template");
+    let doc = serde_json::json!({"a": a, "b": b});
+    t.render_key(doc.as_object().expect("object")).expect("renders")
+}
 
 const YAML: &str = r#"
 application_id: t
@@ -84,7 +92,7 @@ fn business_key_decides_not_the_message() {
     assert_eq!(
         first.decision,
         Decision::Emit {
-            idempotency_key: "P1:PAID".into(),
+            idempotency_key: key("P1", "PAID"),
             output_key: "P1".into(),
             payload: None,
             pending: vec![]
@@ -98,7 +106,7 @@ fn business_key_decides_not_the_message() {
     assert_eq!(
         again.decision,
         Decision::Duplicate {
-            idempotency_key: "P1:PAID".into()
+            idempotency_key: key("P1", "PAID")
         }
     );
     assert_eq!(
@@ -209,7 +217,7 @@ fn overwrite_passes_higher_versions_keyed_by_entity_and_drops_the_rest() {
     assert_eq!(
         first.decision,
         Decision::Emit {
-            idempotency_key: "C1:3".into(),
+            idempotency_key: key("C1", "3"),
             output_key: "customer:C1".into(),
             payload: None,
             pending: vec![]
@@ -313,8 +321,15 @@ fn separators_inside_key_fields_keep_events_apart_in_every_store() {
     );
     assert!(matches!(a.decision, Decision::Emit { .. }), "{a:?}");
     assert!(
-        matches!(&b.decision, Decision::Emit { idempotency_key, .. } if idempotency_key == "X:Y:PAID"),
+        matches!(&b.decision, Decision::Emit { idempotency_key, .. } if idempotency_key.text == "X:Y:PAID"),
         "the same readable key, another event: {b:?}"
+    );
+    let fields = |d: &Decision| d.idempotency_key().and_then(RenderedKey::distinct_fields);
+    assert_eq!(fields(&a.decision), Some(vec!["X:Y".to_string(), "PAID".to_string()]));
+    assert_eq!(
+        fields(&b.decision),
+        Some(vec!["X".to_string(), "Y:PAID".to_string()]),
+        "outputs and trace records can tell them apart too"
     );
     let again = run(
         &p,
@@ -357,7 +372,7 @@ fn text_keys_written_by_an_earlier_version_still_count_and_move_to_their_stored_
     assert_eq!(
         again.decision,
         Decision::Duplicate {
-            idempotency_key: "P1:PAID".into()
+            idempotency_key: key("P1", "PAID")
         }
     );
     let moved: Vec<(Vec<u8>, bool)> = s

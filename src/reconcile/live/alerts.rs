@@ -6,6 +6,7 @@ use crate::engine::emit::{header, ProcessError};
 use crate::engine::producer::{Outgoing, TxnProducer};
 use crate::metrics::events::AlertWritten;
 use crate::metrics::Metrics;
+use crate::processors::correlation;
 use crate::reconcile::watch::Unprocessed;
 use crate::trace::Status;
 use crate::wire::{ALERT_FORMAT, DEFAULT_CORRELATION_HEADER};
@@ -60,7 +61,12 @@ impl AlertWriter<'_> {
         now_ms: i64,
         producer: &mut TxnProducer,
     ) -> Result<(), ProcessError> {
+        // Trace records are bounded as they are read; entries stored before that may hold texts
+        // too long for an alert that repeats them.
         let event_id = String::from_utf8_lossy(key);
+        let event_id = correlation::carried(&event_id);
+        let correlation_id = correlation::carried(&open.correlation_id);
+        let idempotency_key = open.idempotency_key.as_deref().map(correlation::carried);
         let kind = match open.status {
             Status::Failed => "failed_event",
             _ => "stuck_event",
@@ -69,17 +75,17 @@ impl AlertWriter<'_> {
             format: ALERT_FORMAT,
             kind,
             event_id: &event_id,
-            idempotency_key: open.idempotency_key.as_deref(),
-            correlation_id: &open.correlation_id,
-            node: &open.node,
+            idempotency_key: idempotency_key.as_deref(),
+            correlation_id: &correlation_id,
+            node: &correlation::carried(&open.node),
             status: open.status,
             first_seen_ms: open.first_seen_ms,
             age_ms,
             threshold_ms: self.threshold_ms,
             detected_ms: now_ms,
         };
-        self.send(key, &open.correlation_id, kind, &alert, producer)?;
-        tracing::info_span!("event", correlation_id = %open.correlation_id, idempotency_key = open.idempotency_key.as_deref())
+        self.send(event_id.as_bytes(), &correlation_id, kind, &alert, producer)?;
+        tracing::info_span!("event", correlation_id = %correlation_id, idempotency_key = idempotency_key.as_deref())
             .in_scope(|| match open.status {
                 Status::Failed => tracing::warn!(
                     event_id = %event_id,
