@@ -400,8 +400,9 @@ impl PipelineProcessor {
 
     /// For a repartition stage: the record's new message key from the pipeline's repartition
     /// template (its business key when it has none), with its correlation id when
-    /// `with_correlation` (only trace records need it there), or its rejection.
-    pub fn rekey(&self, input: &Input<'_>, with_correlation: bool) -> Result<Rekeyed, Processed> {
+    /// `with_correlation` (only trace records need it there), or its rejection (boxed: the
+    /// rare case should not size every result).
+    pub fn rekey(&self, input: &Input<'_>, with_correlation: bool) -> Result<Rekeyed, Box<Processed>> {
         let template = hop_template(&self.pipeline);
         // Without a correlation id to derive, the hop decodes only its key's fields: the whole
         // value is still checked, but the rest is skipped instead of built.
@@ -412,12 +413,12 @@ impl PipelineProcessor {
         };
         let doc = fields
             .decode(input.payload, self.max_record_bytes)
-            .map_err(|r| self.rejected(input, None, r))?;
+            .map_err(|r| Box::new(self.rejected(input, None, r)))?;
         let key = template.render(&doc).map_err(|e| {
             // The dead letter carries the record's correlation id, whose field the hop's
             // decode may have skipped.
             let full = self.decode(input.payload).ok();
-            self.rejected(input, full.as_ref(), key_rejection(e, "repartition key"))
+            Box::new(self.rejected(input, full.as_ref(), key_rejection(e, "repartition key")))
         })?;
         let correlation_id = with_correlation.then(|| {
             let (topic, partition, offset) = input.coordinates;
