@@ -46,21 +46,25 @@ impl<'a> CountedKey<'a> {
         Ok(Self::with_fields(text, fields.as_deref()))
     }
 
-    /// The key in the ledger: the text with NUL and 0x01 escaped, a NUL, then the fields (none:
-    /// nothing). Keys of one text are thus neighbours, the one without fields first.
-    pub fn encode(&self) -> Vec<u8> {
-        let fields = self.fields.as_deref().unwrap_or_default();
-        let mut out = Vec::with_capacity(self.text.len() + 1 + fields.len());
-        for &b in self.text.as_bytes() {
-            match b {
-                0 => out.extend_from_slice(&[1, 1]),
-                1 => out.extend_from_slice(&[1, 2]),
-                other => out.push(other),
+    /// Writes the key as the ledger keeps it into `out` (emptied first): the text with NUL and
+    /// 0x01 escaped, a NUL, then the fields (none: nothing). Keys of one text are thus
+    /// neighbours, the one without fields first.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.clear();
+        let text = self.text.as_bytes();
+        if text.iter().all(|&b| b > 1) {
+            out.extend_from_slice(text);
+        } else {
+            for &b in text {
+                match b {
+                    0 => out.extend_from_slice(&[1, 1]),
+                    1 => out.extend_from_slice(&[1, 2]),
+                    other => out.push(other),
+                }
             }
         }
         out.push(0);
-        out.extend_from_slice(fields.as_bytes());
-        out
+        out.extend_from_slice(self.fields.as_deref().unwrap_or_default().as_bytes());
     }
 }
 
@@ -82,9 +86,12 @@ fn split(key: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-/// The readable text of an escaped text part.
-fn unescape(escaped: &[u8]) -> String {
+/// The readable text of an escaped text part (through its NUL).
+fn unescape(escaped: &[u8]) -> Cow<'_, str> {
     let escaped = escaped.strip_suffix(&[0]).unwrap_or(escaped);
+    if !escaped.contains(&1) {
+        return String::from_utf8_lossy(escaped);
+    }
     let mut out = Vec::with_capacity(escaped.len());
     let mut bytes = escaped.iter();
     while let Some(&b) = bytes.next() {
@@ -100,20 +107,16 @@ fn unescape(escaped: &[u8]) -> String {
             (other, _) => other,
         });
     }
-    String::from_utf8_lossy(&out).into_owned()
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
-/// What to do with the next keys of a text.
+/// How the keys of the text at hand are judged.
 enum Mode {
     /// Some record gave the text without fields: every count of the text is judged as one key,
-    /// as when no record carries fields.
-    Together {
-        prefix: Vec<u8>,
-        text: String,
-        counts: Counts,
-    },
+    /// as when no record carries fields; these are its counts so far.
+    Together(Counts),
     /// Every record of the text carried fields: each field set is a key of its own.
-    Apart { prefix: Vec<u8> },
+    Apart,
 }
 
 /// Judges the ledger's keys, handed over in byte order, as the reconciliation counts them. The
@@ -122,6 +125,8 @@ enum Mode {
 /// that wrote no fields) cannot say which of them it meant, so then the text is one key.
 #[derive(Default)]
 pub struct Judge {
+    /// The escaped text at hand, through its NUL.
+    prefix: Vec<u8>,
     mode: Option<Mode>,
 }
 
@@ -132,39 +137,34 @@ impl Judge {
     /// Takes one ledger key and its counts.
     pub fn key(&mut self, key: &[u8], counts: Counts, verdict: &mut Verdict<'_>) -> Result<()> {
         let (prefix, fields) = split(key);
-        match &mut self.mode {
-            Some(Mode::Together {
-                prefix: p, counts: c, ..
-            }) if p == prefix => {
-                *c = c.plus(counts);
-                return Ok(());
-            }
-            Some(Mode::Apart { prefix: p }) if p == prefix => {
-                return verdict(&unescape(prefix), std::str::from_utf8(fields).ok(), counts);
-            }
-            _ => {}
+        if self.prefix != prefix {
+            self.finish(verdict)?;
+            self.prefix.clear();
+            self.prefix.extend_from_slice(prefix);
         }
-        self.finish(verdict)?;
-        if fields.is_empty() {
-            self.mode = Some(Mode::Together {
-                prefix: prefix.to_vec(),
-                text: unescape(prefix),
-                counts,
-            });
-            Ok(())
-        } else {
-            self.mode = Some(Mode::Apart {
-                prefix: prefix.to_vec(),
-            });
-            verdict(&unescape(prefix), std::str::from_utf8(fields).ok(), counts)
+        match &mut self.mode {
+            Some(Mode::Together(held)) => {
+                *held = held.plus(counts);
+                Ok(())
+            }
+            // The key without fields sorts first among its text's, so none follows an `Apart`.
+            Some(Mode::Apart) => verdict(&unescape(prefix), std::str::from_utf8(fields).ok(), counts),
+            None if fields.is_empty() => {
+                self.mode = Some(Mode::Together(counts));
+                Ok(())
+            }
+            None => {
+                self.mode = Some(Mode::Apart);
+                verdict(&unescape(prefix), std::str::from_utf8(fields).ok(), counts)
+            }
         }
     }
 
     /// Judges what is still held: call after the last key.
     pub fn finish(&mut self, verdict: &mut Verdict<'_>) -> Result<()> {
         match self.mode.take() {
-            Some(Mode::Together { text, counts, .. }) => verdict(&text, None, counts),
-            Some(Mode::Apart { .. }) | None => Ok(()),
+            Some(Mode::Together(counts)) => verdict(&unescape(&self.prefix), None, counts),
+            Some(Mode::Apart) | None => Ok(()),
         }
     }
 }
@@ -190,7 +190,8 @@ mod tests {
     fn judge(counted: &[(&str, Option<Vec<String>>, u64, u64)]) -> Vec<String> {
         let mut ledger: BTreeMap<Vec<u8>, Counts> = BTreeMap::new();
         for (text, f, sent, processed) in counted {
-            let key = CountedKey::with_fields(*text, f.as_deref()).encode();
+            let mut key = Vec::new();
+            CountedKey::with_fields(*text, f.as_deref()).encode_into(&mut key);
             let c = ledger.entry(key).or_default();
             *c = c.plus(counts(*sent, *processed));
         }

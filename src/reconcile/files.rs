@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde::de::{Deserializer as _, SeqAccess, Visitor};
 use serde_json::Value;
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
 /// The layout of a sent file.
@@ -206,27 +206,11 @@ pub fn read_jsonl(
 /// Reads one line, its newline included, into `line`, keeping at most `cap` bytes of it and
 /// passing over the rest; returns the line's whole length (0 at the end of the input).
 fn read_capped_line(input: &mut impl BufRead, line: &mut Vec<u8>, cap: usize) -> std::io::Result<usize> {
-    let mut length = 0;
-    loop {
-        let buf = match input.fill_buf() {
-            Ok(buf) => buf,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if buf.is_empty() {
-            return Ok(length);
-        }
-        let end = buf.iter().position(|&b| b == b'\n').map(|i| i + 1);
-        let chunk = &buf[..end.unwrap_or(buf.len())];
-        let room = cap.saturating_sub(line.len());
-        line.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        length += chunk.len();
-        let read = chunk.len();
-        input.consume(read);
-        if end.is_some() {
-            return Ok(length);
-        }
+    let held = input.by_ref().take(cap as u64).read_until(b'\n', line)?;
+    if held < cap || line.last() == Some(&b'\n') {
+        return Ok(held);
     }
+    Ok(held + input.skip_until(b'\n')?)
 }
 
 /// What a sent record is: outside the window, or its key.

@@ -239,6 +239,8 @@ struct Read {
     skipped: u64,
     /// Records outside the window.
     outside_window: u64,
+    /// The last ledger key written, its buffer reused for the next.
+    ledger_key: Vec<u8>,
 }
 
 /// The report, shared by the readers of a side; they lock it for an unreadable record only.
@@ -263,12 +265,16 @@ fn count(
     match keyed {
         Keyed::Key(key) => {
             read.records += 1;
+            key.encode_into(&mut read.ledger_key);
             match side {
-                Side::Sent => counter.sent(&key.encode()),
-                Side::Processed => counter.processed(&key.encode()),
+                Side::Sent => counter.sent(&read.ledger_key),
+                Side::Processed => counter.processed(&read.ledger_key),
             }
         }
-        Keyed::Settled(key, how) => counter.settled(&key.encode(), how),
+        Keyed::Settled(key, how) => {
+            key.encode_into(&mut read.ledger_key);
+            counter.settled(&read.ledger_key, how)
+        }
         Keyed::Skipped => {
             read.skipped += 1;
             Ok(())
