@@ -83,6 +83,8 @@ pub struct Metrics {
     pub reconcile_alerts: IntCounterVec,
     /// Failed (dead-lettered) events neither redriven nor acknowledged, per reconciler task.
     pub reconcile_failed_events: IntGaugeVec,
+    /// Open events whose stored entry this version cannot read, per reconciler task.
+    pub reconcile_unreadable_events: IntGaugeVec,
     /// Records appended to tally's inputs beyond its group's committed offsets, per reconciler
     /// task (the separately run reconciler's watch).
     pub reconcile_unconsumed_records: IntGaugeVec,
@@ -265,6 +267,11 @@ impl Metrics {
             "Failed (dead-lettered) events neither redriven nor acknowledged at the last reconciler scan",
             &["task"],
         )?;
+        let reconcile_unreadable_events = gauge_vec(
+            "reconcile_unreadable_events",
+            "Open events in the reconciler store this version cannot read at the last reconciler scan",
+            &["task"],
+        )?;
         let reconcile_unconsumed_records = gauge_vec(
             "reconcile_unconsumed_records",
             "Records appended to tally's inputs beyond its group's committed offsets at the last watch",
@@ -315,6 +322,7 @@ impl Metrics {
             reconcile_unconsumed_records,
             reconcile_longest_wait_seconds,
             reconcile_failed_events,
+            reconcile_unreadable_events,
             reconcile_oldest_open_age_seconds,
             reconcile_alerts,
         })

@@ -297,14 +297,6 @@ dead_letter: { topic: "${TALLY_DLQ_TOPIC}" }
 
 /// A producer that sends records past librdkafka's 1,000,000-byte default, as another client
 /// may: they are what tally must refuse on the way out.
-fn large_record_producer() -> BaseProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("message.max.bytes", "2000000")
-        .create()
-        .expect("producer")
-}
-
 /// `dlq` holds one dead letter: the source record at `offset`, with its own `key`, refused as
 /// `output_too_large`.
 fn assert_one_too_large(dlq: &[OwnedMessage], offset: &str, key: &[u8]) {
@@ -476,4 +468,46 @@ fn the_repartition_topic_carries_the_source_in_one_header_and_records_in_the_old
         ]
     );
     assert_eq!(own.len(), 3, "no slashes, a negative partition, a giant topic: {own:?}");
+}
+
+#[test]
+fn copies_of_an_event_whose_repartition_key_renders_empty_meet_in_one_task() {
+    let names = Names::new("empty-hop-key");
+    create_topics(&[(&names.input, 3), (&names.output, 1), (&names.dlq, 1)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let topology = write_topology(dir.path(), &names, 4096);
+    let by_tenant = std::fs::read_to_string(&topology).expect("topology").replace(
+        r#"repartition: { key: "{payment_id}" }"#,
+        r#"repartition: { key: "{tenant?}" }"#,
+    );
+    assert!(by_tenant.contains("{tenant?}"), "{by_tenant}");
+    std::fs::write(&topology, by_tenant).expect("topology");
+    // Every record renders the empty repartition key; each event comes 8 times, spread over the
+    // input's partitions by its message keys. A producer that placed empty keys at random would
+    // part an event's copies over the three tasks, and each task would pass one.
+    let mut records = Vec::new();
+    for copy in 0..8 {
+        for id in ["P-1", "P-2", "P-3"] {
+            let body =
+                serde_json::json!({"event_type": "payment.paid", "payment_id": id, "status": "PAID", "tenant": ""});
+            records.push(GeneratedRecord {
+                key: format!("{id}-{copy}").into_bytes(),
+                payload: body.to_string().into_bytes(),
+                headers: vec![],
+            });
+        }
+    }
+    produce(&names.input, &records);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    assert!(
+        wait_for_count(&names.output, 3, Duration::from_secs(90)) >= 3,
+        "the events come out"
+    );
+    // Time for any copy that reached another task to come out too.
+    std::thread::sleep(Duration::from_secs(5));
+    let out = read_committed(&names.output, usize::MAX, Duration::from_secs(5));
+    tally.stop();
+    let mut keys: Vec<String> = out.iter().map(business_key).collect();
+    keys.sort();
+    assert_eq!(keys, ["P-1:PAID", "P-2:PAID", "P-3:PAID"], "each event once");
 }

@@ -157,11 +157,7 @@ fn texts_as_long_as_a_trace_record_allows_are_reported_and_stall_nothing() {
     let tally = Tally::start_yaml(YAML, &names, dir.path(), "a");
     let long_correlation = "c".repeat(600_000);
     let long_event = "E".repeat(1_010_000);
-    let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("message.max.bytes", "2000000")
-        .create()
-        .expect("producer");
+    let producer = large_record_producer();
     let start = now_ms();
     // Each just under the broker's default record limit: the long text once, no header.
     let record = |event_id: &str, correlation_id: &str, status: &str| {

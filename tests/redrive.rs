@@ -93,3 +93,63 @@ fn dead_letters_go_back_to_their_source_once_after_the_fix() {
     let keys: std::collections::BTreeSet<String> = out.iter().map(business_key).collect();
     assert_eq!((out.len(), keys.len()), (13, 13), "the three recovered, nothing twice");
 }
+
+#[test]
+fn a_letter_whose_texts_would_not_fit_its_closing_trace_record_is_redriven() {
+    let names = Names::new("redrive-long");
+    create_topics(&[
+        (&names.input, 1),
+        (&names.output, 1),
+        (&names.dlq, 1),
+        (&names.trace, 1),
+    ]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Not JSON, so dead-lettered with its correlation id: 200 kB of control characters in the
+    // letter's header, 1.2 MB as JSON in a trace record, past the producer's limit.
+    let control = "\u{1}".repeat(200_000);
+    produce(
+        &names.input,
+        &[
+            GeneratedRecord {
+                key: b"broken".to_vec(),
+                payload: b"{not json".to_vec(),
+                headers: vec![("correlation_id".to_string(), control.clone())],
+            },
+            payment(1, 0),
+        ],
+    );
+    let topology = write_topology_with(dir.path(), &names, 4096, false);
+    let traced = std::fs::read_to_string(&topology).expect("topology")
+        + &format!("trace: {{ topic: {}, level: all }}\n", names.trace);
+    std::fs::write(&topology, traced).expect("topology with a trace topic");
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    assert_eq!(wait_for_count(&names.output, 1, Duration::from_secs(90)), 1);
+    assert_eq!(wait_for_count(&names.dlq, 1, Duration::from_secs(60)), 1);
+    tally.stop();
+
+    let (ok, text) = redrive(&topology, &["--reason", "invalid_json"]);
+    assert!(ok && text.contains("sent 1 dead letter"), "{text}");
+    let traces = read_committed(&names.trace, usize::MAX, Duration::from_secs(10));
+    let closing: Vec<serde_json::Value> = traces
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<serde_json::Value>(m.payload()?).ok())
+        .filter(|v| v["outcome"] == "REDRIVEN")
+        .collect();
+    assert_eq!(closing.len(), 1, "the event is closed once");
+    let derived = tally::processors::correlation::derive(&control);
+    assert_eq!(
+        closing[0]["correlation_id"],
+        derived.as_str(),
+        "under the id derived from the long one"
+    );
+    let failed = traces
+        .iter()
+        .filter_map(|m| serde_json::from_slice::<serde_json::Value>(m.payload()?).ok())
+        .find(|v| v["status"] == "FAILED")
+        .expect("the stream's FAILED record");
+    assert_eq!(
+        failed["event_id"], closing[0]["event_id"],
+        "closing the event the stream failed"
+    );
+    assert_eq!(failed["correlation_id"], derived.as_str());
+}

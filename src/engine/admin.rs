@@ -133,9 +133,10 @@ const PRODUCER_DEFAULT_MAX_BYTES: usize = 1_000_000;
 
 /// The smallest write limit tally starts with. What a refused record leaves (its dead letter
 /// with the reason, a detail of up to 1,024 characters, the source's coordinates and a
-/// correlation id of up to `correlation::MAX_CARRIED_BYTES`; its trace records, where that id
-/// may be escaped to six times its length) stays under 9 KiB, so it always fits: a record that
-/// cannot be written is dead-lettered instead of being retried forever.
+/// correlation id of up to `correlation::MAX_CARRIED_BYTES`; its trace records) stays under
+/// 9 KiB, and so does a reconciler's alert (four texts of at most that many bytes as JSON), so
+/// they always fit: a record that cannot be written is dead-lettered instead of being retried
+/// forever.
 pub const MIN_WRITE_LIMIT: usize = 16 * 1024;
 
 /// Refuses a write limit under [`MIN_WRITE_LIMIT`], naming what sets it.

@@ -1,5 +1,6 @@
 //! Kafka client configurations: the user's properties, then the settings exactly-once needs.
 
+use crate::topology::partitioner::Partitioner;
 use crate::topology::{GroupProtocol, Topology};
 use rdkafka::ClientConfig;
 use std::time::Duration;
@@ -92,6 +93,11 @@ pub fn transactional_producer(t: &Topology, transactional_id: &str) -> ClientCon
         .set("allow.auto.create.topics", "false")
         .set_if_absent("transaction.timeout.ms", &DEFAULT_TRANSACTION_TIMEOUT_MS.to_string())
         .set_if_absent("linger.ms", "5");
+    // Every record of one key on one partition, an empty key too (validation refuses a
+    // partitioner that is not a function of the key).
+    if let Some(keyed) = Partitioner::of(&t.kafka.properties).keyed_property() {
+        c.set("partitioner", keyed);
+    }
     c
 }
 
@@ -259,6 +265,19 @@ dead_letter: {{ topic: dlq }}
             Some("7"),
             "other properties pass"
         );
+    }
+
+    #[test]
+    fn the_producers_hash_every_key_with_the_partitioner_chosen() {
+        for (set, used) in [
+            ("{}", "consistent"),
+            (r#"{ partitioner: consistent_random }"#, "consistent"),
+            (r#"{ partitioner: murmur2_random }"#, "murmur2"),
+            (r#"{ partitioner: fnv1a }"#, "fnv1a"),
+        ] {
+            let p = transactional_producer(&topology(set), "p");
+            assert_eq!(p.get("partitioner"), Some(used), "{set}");
+        }
     }
 
     #[test]

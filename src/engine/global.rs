@@ -9,7 +9,7 @@ use super::{clients, Shutdown};
 use crate::metrics::Metrics;
 use crate::store::global::MappingRecord;
 use crate::store::write::CATCH_UP_BATCH_BYTES;
-use crate::store::GlobalMappings;
+use crate::store::{GlobalMappings, StoreError};
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -168,11 +168,20 @@ fn resume_points(
     let mut starts = HashMap::new();
     let mut consistent = global.topic()?.as_deref() == Some(topic);
     for (p, (low, high)) in ends {
-        match global.position(*p)? {
-            Some(pos) if pos >= *low && pos <= *high => {
+        match global.position(*p) {
+            Ok(Some(pos)) if pos >= *low && pos <= *high => {
                 starts.insert(*p, Offset::Offset(pos));
             }
-            Some(pos) => {
+            Err(StoreError::CorruptOffset(..)) => {
+                tracing::warn!(
+                    topic,
+                    partition = p,
+                    "the ID-mapping store's position is unreadable; reading the topic again"
+                );
+                consistent = false;
+            }
+            Err(e) => return Err(e.into()),
+            Ok(Some(pos)) => {
                 tracing::warn!(
                     topic,
                     partition = p,
@@ -183,7 +192,7 @@ fn resume_points(
                 );
                 consistent = false;
             }
-            None => {
+            Ok(None) => {
                 starts.insert(*p, Offset::Beginning);
             }
         }

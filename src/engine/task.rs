@@ -191,6 +191,14 @@ impl PipelineTask {
                  (tally writes no such key; were they written to the changelog by another producer?)"
             );
         }
+        if step.clamped > 0 {
+            tracing::warn!(
+                task = %pipeline.task_name(self.emit.partition),
+                entries = step.clamped,
+                "dedup entries first seen more than a minute ahead of this instance's clock are taken as \
+                 first seen now (an instance's clock ran ahead); check the clocks of the instances"
+            );
+        }
         self.expiry_cursor = step.resume_after;
         if self.expiry_cursor.is_none() {
             self.last_expiry = Instant::now();

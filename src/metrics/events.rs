@@ -157,6 +157,8 @@ pub struct OpenEventsScanned<'a> {
     pub oldest_age_ms: i64,
     /// Failed events neither redriven nor acknowledged.
     pub failed: u64,
+    /// Open events whose stored entry this version cannot read.
+    pub unreadable: u64,
 }
 
 impl Event for OpenEventsScanned<'_> {
@@ -168,6 +170,9 @@ impl Event for OpenEventsScanned<'_> {
             .with_label_values(&t)
             .set(self.oldest_age_ms as f64 / 1000.0);
         m.reconcile_failed_events.with_label_values(&t).set(gauge(self.failed));
+        m.reconcile_unreadable_events
+            .with_label_values(&t)
+            .set(gauge(self.unreadable));
     }
 }
 
@@ -307,6 +312,7 @@ mod tests {
             stuck: 2,
             oldest_age_ms: 1500,
             failed: 1,
+            unreadable: 3,
         });
         m.emit(InputsWatched {
             task: "trace-0",
@@ -322,6 +328,7 @@ mod tests {
         assert_eq!(value(&m, "reconcile_stuck_events", &t), Some(2.0));
         assert_eq!(value(&m, "reconcile_oldest_open_age_seconds", &t), Some(1.5));
         assert_eq!(value(&m, "reconcile_failed_events", &t), Some(1.0));
+        assert_eq!(value(&m, "reconcile_unreadable_events", &t), Some(3.0));
         assert_eq!(value(&m, "reconcile_unconsumed_records", &t), Some(11.0));
         assert_eq!(value(&m, "reconcile_longest_wait_seconds", &t), Some(2.5));
         assert_eq!(

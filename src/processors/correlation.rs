@@ -32,23 +32,36 @@ pub fn derive(seed: &str) -> String {
 }
 
 /// The longest correlation id a dead letter or trace record of a refused record carries as it
-/// came; with the other parts tally bounds, this keeps such records far under any write limit
-/// tally starts with (`engine::admin::MIN_WRITE_LIMIT`).
+/// came, measured as a JSON string's contents (escapes included); with the other parts tally
+/// bounds, this keeps such records far under any write limit tally starts with
+/// (`engine::admin::MIN_WRITE_LIMIT`).
 pub const MAX_CARRIED_BYTES: usize = 1024;
 
-/// `id`, or when it is longer than [`MAX_CARRIED_BYTES`], the id [`derive`]d from it: for
-/// tally's own records that would not fit with the whole id (an input may carry an id of
-/// nearly a megabyte).
+/// `id`, or when it takes more than [`MAX_CARRIED_BYTES`] in JSON, the id [`derive`]d from it:
+/// for tally's own records that would not fit with the whole id (an input may carry an id of
+/// nearly a megabyte, or of control characters JSON writes in six bytes each).
 pub fn carried(id: &str) -> Cow<'_, str> {
-    if id.len() <= MAX_CARRIED_BYTES {
+    if id.len() <= MAX_CARRIED_BYTES / 6 || (id.len() <= MAX_CARRIED_BYTES && json_len(id) <= MAX_CARRIED_BYTES) {
         Cow::Borrowed(id)
     } else {
         Cow::Owned(derive(id))
     }
 }
 
-/// Replaces `text` by the id derived from it when it is longer than [`MAX_CARRIED_BYTES`] (see
-/// [`carried`]).
+/// The length of `text` written inside a JSON string: serde_json escapes `"`, `\` and control
+/// characters, five of them in two bytes and the others in six (`\u0001`).
+fn json_len(text: &str) -> usize {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\x08' | b'\t' | b'\n' | b'\x0c' | b'\r' => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// Replaces `text` by the id derived from it when it takes more than [`MAX_CARRIED_BYTES`] in
+/// JSON (see [`carried`]).
 pub fn shorten(text: &mut String) {
     let short = match carried(text) {
         Cow::Owned(short) => Some(short),
@@ -87,6 +100,23 @@ mod tests {
         let long = "c".repeat(MAX_CARRIED_BYTES + 1);
         assert_eq!(carried(&long), derive(&long));
         assert_ne!(carried(&long), carried(&"d".repeat(MAX_CARRIED_BYTES + 1)));
+    }
+
+    #[test]
+    fn ids_are_measured_as_json_writes_them() {
+        for text in ["\u{1}", "\"", "\\", "\n", "\u{1f}", "é", "\u{7f}"] {
+            let escaped = serde_json::to_string(text).expect("json");
+            assert_eq!(json_len(text), escaped.len() - 2, "{text:?}");
+        }
+        // 200 bytes, 1,200 in JSON: each would fill a trace record or alert sixfold.
+        let control = "\u{1}".repeat(200);
+        assert_eq!(carried(&control), derive(&control));
+        let fits = "\u{1}".repeat(MAX_CARRIED_BYTES / 6);
+        assert_eq!(carried(&fits), fits.as_str());
+        let quotes = "\"".repeat(MAX_CARRIED_BYTES / 2);
+        assert_eq!(carried(&quotes), quotes.as_str());
+        let over = format!("{quotes}x");
+        assert_eq!(carried(&over), derive(&over));
     }
 
     #[test]

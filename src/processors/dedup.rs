@@ -2,7 +2,7 @@
 //! until the key's retention has passed.
 
 use super::state::{self, StateError, StoreKey};
-use crate::store::TaskStore;
+use crate::store::{codec, TaskStore};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -55,7 +55,15 @@ pub struct ExpiryStep {
     /// Expired entries kept because their key is too long for the tombstone to be written (a
     /// changelog record tally did not write: every key it writes fits).
     pub unwritable: usize,
+    /// Entries first seen more than [`MAX_CLOCK_AHEAD_MS`] after `now_ms` (written under a clock
+    /// that ran ahead), rewritten as first seen now: their retention runs from now, not from a
+    /// time this clock may not reach for years.
+    pub clamped: usize,
 }
+
+/// How far ahead of this instance's clock an entry's first sighting may be before expiry takes
+/// it for another clock's error: instances' clocks differ by far less.
+pub const MAX_CLOCK_AHEAD_MS: i64 = 60_000;
 
 /// Looks at up to `batch` committed keys after `after` (from the start when `None`) and deletes
 /// those first seen `retention` or longer ago, through the store's write path so their
@@ -76,6 +84,8 @@ pub fn expire(
     let mut seen = 0;
     let mut unreadable = 0;
     let mut unwritable = 0;
+    let mut ahead = Vec::new();
+    let ahead_after = now_ms.saturating_add(MAX_CLOCK_AHEAD_MS);
     for item in store.scan_after(index, after)? {
         if seen == batch {
             break;
@@ -92,6 +102,9 @@ pub fn expire(
         match value.map(|v| state::decode::<DedupEntry>(store, index, &key, v)) {
             Some(Ok(entry)) if entry.first_seen_ms <= cutoff && key.len() > max_key_bytes => unwritable += 1,
             Some(Ok(entry)) if entry.first_seen_ms <= cutoff => expired.push(key.to_vec()),
+            Some(Ok(entry)) if entry.first_seen_ms > ahead_after && key.len() <= max_key_bytes => {
+                ahead.push(key.to_vec());
+            }
             Some(Err(StateError::Codec { .. })) => unreadable += 1,
             Some(Err(e)) => return Err(e),
             _ => {}
@@ -101,11 +114,21 @@ pub fn expire(
     for key in &expired {
         store.delete(index, key);
     }
+    let now = DedupEntry { first_seen_ms: now_ms };
+    for key in &ahead {
+        let bytes = codec::encode(&now).map_err(|source| StateError::Codec {
+            store: store.name(index).to_string(),
+            key: String::from_utf8_lossy(key).into_owned(),
+            source,
+        })?;
+        store.put(index, key, bytes);
+    }
     Ok(ExpiryStep {
         deleted: expired.len(),
         resume_after: if seen == batch { last.map(|k| k.to_vec()) } else { None },
         unreadable,
         unwritable,
+        clamped: ahead.len(),
     })
 }
 
@@ -255,6 +278,40 @@ mod tests {
         assert_eq!(deleted, [b"short".to_vec()], "no tombstone that could not be written");
         let step = expire(&mut s, 0, 20_000, retention, None, 100, 40).expect("ok");
         assert_eq!((step.deleted, step.unwritable), (1, 0), "one that fits goes");
+    }
+
+    #[test]
+    fn an_entry_first_seen_under_a_clock_far_ahead_expires_a_retention_after_now() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut s = TaskStore::open(tmp.path(), &["d".to_string()], &StoreEnv::default()).expect("opens");
+        let retention = Duration::from_secs(10);
+        let year_ms = 365 * 86_400_000;
+        admit(&mut s, 0, k("ahead"), year_ms, retention).expect("ok");
+        admit(&mut s, 0, k("skewed"), 1_000 + MAX_CLOCK_AHEAD_MS, retention).expect("ok");
+        s.take_changes();
+        s.commit(&[]).expect("commit");
+        let step = expire(&mut s, 0, 1_000, retention, None, 100, usize::MAX).expect("ok");
+        assert_eq!((step.deleted, step.clamped), (0, 1), "only the entry far ahead");
+        let changes = s.take_changes();
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let value = changes[0].value.as_deref().expect("rewritten, not deleted");
+        let entry: DedupEntry = codec::decode(value).expect("decodes");
+        assert_eq!(
+            (changes[0].key.as_slice(), entry.first_seen_ms),
+            (b"ahead".as_slice(), 1_000)
+        );
+        s.commit(&[]).expect("commit");
+        assert_eq!(
+            admit(&mut s, 0, k("ahead"), 5_000, retention).expect("ok"),
+            Admission::Duplicate,
+            "still a duplicate within the retention"
+        );
+        let step = expire(&mut s, 0, 11_000, retention, None, 100, usize::MAX).expect("ok");
+        assert_eq!(
+            (step.deleted, step.clamped),
+            (1, 0),
+            "gone a retention after it was clamped"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use super::counted_key::CountedKey;
 use super::files::{hand, sent_entry, text_key, Entry, Unreadable, BOM};
+use super::record_cap::{over_cap, RecordCap, RecordStart, MAX_RECORD_BYTES};
 use super::sent_key::SentKey;
 use super::window::Window;
 use anyhow::{bail, Context, Result};
@@ -11,7 +12,9 @@ use std::io::Read;
 
 /// Reads CSV with a header row. The key is the column a field names, or a key template built
 /// from the row's columns (cells are text: `1299.0` stays `1299.0`). An empty input has no
-/// records; a header without a needed column is an error (the whole file would be unreadable).
+/// records; a header without a needed column is an error (the whole file would be unreadable),
+/// and so is a row over [`MAX_RECORD_BYTES`] (an unbalanced quote, most likely: past it no row
+/// can be told from the next).
 pub fn read_csv(
     input: impl Read,
     name: &str,
@@ -19,8 +22,10 @@ pub fn read_csv(
     window: Option<&Window>,
     each: &mut dyn FnMut(Entry<'_>) -> Result<()>,
 ) -> Result<()> {
+    let (input, start) = RecordCap::new(input, MAX_RECORD_BYTES);
     let mut reader = csv::ReaderBuilder::new().flexible(true).from_reader(input);
     let headers = reader.byte_headers().context("cannot read the header row")?.clone();
+    start.now();
     if headers.is_empty() {
         return Ok(());
     }
@@ -56,7 +61,7 @@ pub fn read_csv(
                     names.join(", ")
                 );
             }
-            return read_csv_rows(reader, name, &names, key, window, each);
+            return read_csv_rows(reader, &start, name, &names, key, window, each);
         }
     };
     let Some(column) = names.iter().position(|n| n == field) else {
@@ -68,7 +73,10 @@ pub fn read_csv(
     };
     let mut record = csv::ByteRecord::new();
     loop {
-        match reader.read_byte_record(&mut record) {
+        let row_line = reader.position().line();
+        let read = reader.read_byte_record(&mut record);
+        start.now();
+        match read {
             Ok(false) => return Ok(()),
             Ok(true) => {
                 let line = record.position().map_or(0, csv::Position::line);
@@ -102,7 +110,7 @@ pub fn read_csv(
                     location: format!("{name}:{}", p.line()),
                     reason: format!("not valid CSV: {e}"),
                 }))?,
-                None => return Err(e).context("cannot read a CSV record"),
+                None => return Err(unread(e, name, row_line)),
             },
         }
     }
@@ -111,6 +119,7 @@ pub fn read_csv(
 /// The template-keyed rows of a CSV file (see [`read_csv`]).
 fn read_csv_rows(
     mut reader: csv::Reader<impl Read>,
+    start: &RecordStart,
     name: &str,
     columns: &[String],
     key: &SentKey,
@@ -119,7 +128,10 @@ fn read_csv_rows(
 ) -> Result<()> {
     let mut record = csv::StringRecord::new();
     loop {
-        match reader.read_record(&mut record) {
+        let row_line = reader.position().line();
+        let read = reader.read_record(&mut record);
+        start.now();
+        match read {
             Ok(false) => return Ok(()),
             Ok(true) => {
                 let row: serde_json::Map<String, Value> = columns
@@ -139,10 +151,23 @@ fn read_csv_rows(
                     location: format!("{name}:{}", p.line()),
                     reason: format!("not a valid CSV row of text: {e}"),
                 }))?,
-                None => return Err(e).context("cannot read a CSV record"),
+                None => return Err(unread(e, name, row_line)),
             },
         }
     }
+}
+
+/// Why the read of the row at `line` ended: a row over the cap, or the file's own error.
+fn unread(e: csv::Error, name: &str, line: u64) -> anyhow::Error {
+    if let csv::ErrorKind::Io(io) = e.kind() {
+        if let Some(cap) = over_cap(io) {
+            return anyhow::anyhow!(
+                "{name}:{line}: the row runs past {cap} bytes, the most one record may hold (an \
+                 unbalanced quote?); the rows after it are not read"
+            );
+        }
+    }
+    anyhow::Error::new(e).context("cannot read a CSV record")
 }
 
 #[cfg(test)]
@@ -188,6 +213,29 @@ mod tests {
             got[4]
         );
         assert_eq!(got.len(), 5, "{got:?}");
+    }
+
+    #[test]
+    fn a_row_past_the_cap_ends_the_read_at_its_line() {
+        // Past the cap by more than the 8 KiB the CSV reader may have buffered before the row.
+        let runaway = format!("k\nA\n\"B\n{}", "x,\n".repeat(MAX_RECORD_BYTES / 3 + 4096));
+        for key in [field("k"), template("{k}")] {
+            let mut got = Vec::new();
+            let err = read_csv(runaway.as_bytes(), "sent.csv", &key, None, &mut |e| {
+                got.push(format!("{e:?}"));
+                Ok(())
+            })
+            .expect_err("a row past the cap");
+            assert_eq!(got.len(), 1, "the row before it is read: {got:?}");
+            let text = format!("{err:#}");
+            assert!(
+                text.starts_with(&format!("sent.csv:3: the row runs past {MAX_RECORD_BYTES} bytes")),
+                "{text}"
+            );
+        }
+        let header = format!("{}\n", "k".repeat(MAX_RECORD_BYTES + 1));
+        let text = csv_error(&header, &field("k"));
+        assert!(text.contains("header row") && text.contains("runs past"), "{text}");
     }
 
     #[test]

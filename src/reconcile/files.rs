@@ -2,6 +2,7 @@
 //! `csv_file`), one key per record, found as a [`SentKey`] says.
 
 use super::counted_key::CountedKey;
+use super::record_cap::{over_cap, RecordCap, MAX_RECORD_BYTES};
 use super::sent_key::SentKey;
 use super::window::Window;
 use anyhow::{Context, Result};
@@ -78,8 +79,8 @@ pub fn read_file(
 
 /// Reads a JSON array element by element (an export of any size, never held whole); an element
 /// without a usable key is unreadable at `<file>[<index>]`. Input that does not start with `[`
-/// is read as JSON Lines. JSON that is not valid ends the read with its line and column: past
-/// it, no element can be told from the next.
+/// is read as JSON Lines. JSON that is not valid, or an element over [`MAX_RECORD_BYTES`], ends
+/// the read with its place: past it, no element can be told from the next.
 pub fn read_json(
     mut input: impl BufRead,
     name: &str,
@@ -113,12 +114,16 @@ pub fn read_json(
     if first != b'[' {
         return read_jsonl(input, name, key, window, each);
     }
+    let (input, start) = RecordCap::new(input, MAX_RECORD_BYTES);
     let mut failed = None;
+    let mut index = 0;
     let visitor = Elements {
         name,
         key,
         window,
         each,
+        start: &start,
+        index: &mut index,
         failed: &mut failed,
     };
     let mut de = serde_json::Deserializer::from_reader(input);
@@ -127,7 +132,19 @@ pub fn read_json(
     if let Some(e) = failed {
         return Err(e);
     }
-    read.map_err(|e| anyhow::anyhow!("not a valid JSON array: {e}"))
+    read.map_err(|e| {
+        if !e.is_io() {
+            return anyhow::anyhow!("not a valid JSON array: {e}");
+        }
+        let e = std::io::Error::from(e);
+        match over_cap(&e) {
+            Some(cap) => anyhow::anyhow!(
+                "element {index} of the array runs past {cap} bytes, the most one record may hold; \
+                 the elements after it are not read"
+            ),
+            None => anyhow::Error::new(e).context("cannot read the array"),
+        }
+    })
 }
 
 /// Hands each element of a JSON array to `each`; an error of `each` is kept in `failed`.
@@ -136,6 +153,10 @@ struct Elements<'a, 'b> {
     key: &'a SentKey,
     window: Option<&'a Window>,
     each: &'a mut dyn FnMut(Entry<'_>) -> Result<()>,
+    /// Starts each element's byte count.
+    start: &'a super::record_cap::RecordStart,
+    /// The index of the element being read.
+    index: &'b mut u64,
     failed: &'b mut Option<anyhow::Error>,
 }
 
@@ -147,27 +168,24 @@ impl<'de> Visitor<'de> for Elements<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let mut index = 0u64;
         while let Some(value) = seq.next_element::<Value>()? {
+            self.start.now();
+            let index = *self.index;
             let entry = sent_entry(value, self.key, self.window);
             let handed = hand(entry, || format!("{}[{index}]", self.name), self.each);
             if let Err(e) = handed {
                 *self.failed = Some(e);
                 return Err(serde::de::Error::custom("stopped"));
             }
-            index += 1;
+            *self.index += 1;
         }
         Ok(())
     }
 }
 
-/// The longest JSON Lines line read. A longer one (a file with no line breaks, say) is
-/// unreadable, and only this much of it is held in memory.
-pub const MAX_LINE_BYTES: usize = 16 << 20;
-
 /// Reads JSON Lines: each non-blank line is a JSON object or a bare JSON string, keyed as `key`
-/// says. Blank lines carry no record and are passed over; a line over [`MAX_LINE_BYTES`] is
-/// unreadable.
+/// says. Blank lines carry no record and are passed over; a line over [`MAX_RECORD_BYTES`] (a
+/// file with no line breaks, say) is unreadable, and only that much of it is held in memory.
 pub fn read_jsonl(
     mut input: impl BufRead,
     name: &str,
@@ -179,13 +197,13 @@ pub fn read_jsonl(
     let mut number = 0u64;
     loop {
         line.clear();
-        let length = read_capped_line(&mut input, &mut line, MAX_LINE_BYTES)?;
+        let length = read_capped_line(&mut input, &mut line, MAX_RECORD_BYTES)?;
         if length == 0 {
             return Ok(());
         }
         number += 1;
         if length > line.len() {
-            let reason = format!("the line is {length} bytes, over the {MAX_LINE_BYTES} a line may hold");
+            let reason = format!("the line is {length} bytes, over the {MAX_RECORD_BYTES} a line may hold");
             hand(Err(reason), || format!("{name}:{number}"), each)?;
             continue;
         }
@@ -313,12 +331,12 @@ mod tests {
 
     #[test]
     fn a_line_past_the_cap_is_unreadable_and_only_the_cap_is_held() {
-        let long = format!("\"{}\"\n", "x".repeat(MAX_LINE_BYTES));
+        let long = format!("\"{}\"\n", "x".repeat(MAX_RECORD_BYTES));
         let got = jsonl(&format!("\"A\"\n{long}\"B\""));
         assert_eq!(got.len(), 3, "the line after it is read");
         assert_eq!((got[0].as_str(), got[2].as_str()), ("A", "B"));
         let over = format!(
-            "!sent.jsonl:2: the line is {} bytes, over the {MAX_LINE_BYTES}",
+            "!sent.jsonl:2: the line is {} bytes, over the {MAX_RECORD_BYTES}",
             long.len()
         );
         assert!(got[1].starts_with(&over), "{}", got[1]);
@@ -427,6 +445,26 @@ mod tests {
         assert!(json("[]", &field("k")).is_empty());
         let trailing = read_json("[\"A\"] x".as_bytes(), "f", &field("k"), None, &mut |_| Ok(()));
         assert!(trailing.is_err(), "text after the array is refused");
+    }
+
+    #[test]
+    fn a_json_array_element_past_the_cap_ends_the_read_at_its_index() {
+        let long = "x".repeat(MAX_RECORD_BYTES);
+        let mut got = Vec::new();
+        let text = format!("[\"A\", \"{long}\", \"B\"]");
+        let err = read_json(text.as_bytes(), "f", &field("k"), None, &mut |e| {
+            got.push(format!("{e:?}"));
+            Ok(())
+        })
+        .expect_err("an element past the cap");
+        assert_eq!(got.len(), 1, "the element before it is read: {got:?}");
+        let text = format!("{err:#}");
+        assert!(
+            text.contains(&format!("element 1 of the array runs past {MAX_RECORD_BYTES} bytes")),
+            "{text}"
+        );
+        let fits = format!("[\"{}\", \"B\"]", "x".repeat(MAX_RECORD_BYTES - 8));
+        assert_eq!(json(&fits, &field("k")).len(), 2, "an element within the cap is read");
     }
 
     #[test]

@@ -97,6 +97,9 @@ pub struct ScanReport {
     pub alerted: u64,
     /// Failed (dead-lettered) events neither redriven nor acknowledged.
     pub failed: u64,
+    /// Entries this version cannot read (written by a newer tally, or damaged): their events
+    /// are not judged until a trace record of theirs rewrites them.
+    pub unreadable: u64,
 }
 
 impl ScanReport {
@@ -334,23 +337,26 @@ impl ReconcileTask {
             }
             let (key, value) = entry.map_err(store_failed)?;
             seen += 1;
-            if let Ok(open) = codec::decode::<OpenEvent>(&value) {
-                let age = clock_ms.saturating_sub(open.first_seen_ms);
-                if open.status == Status::Failed {
-                    pass.report.failed += 1;
-                    if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
-                        candidates.push((key.to_vec(), age));
-                    }
-                    last = Some(key);
-                    continue;
+            let Ok(open) = codec::decode::<OpenEvent>(&value) else {
+                pass.report.unreadable += 1;
+                last = Some(key);
+                continue;
+            };
+            let age = clock_ms.saturating_sub(open.first_seen_ms);
+            if open.status == Status::Failed {
+                pass.report.failed += 1;
+                if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
+                    candidates.push((key.to_vec(), age));
                 }
-                pass.report.open += 1;
-                pass.report.oldest_age_ms = pass.report.oldest_age_ms.max(age);
-                if age >= threshold_ms {
-                    pass.report.stuck += 1;
-                    if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
-                        candidates.push((key.to_vec(), age));
-                    }
+                last = Some(key);
+                continue;
+            }
+            pass.report.open += 1;
+            pass.report.oldest_age_ms = pass.report.oldest_age_ms.max(age);
+            if age >= threshold_ms {
+                pass.report.stuck += 1;
+                if !open.alerted && pass.report.alerted + (candidates.len() as u64) < ALERTS_PER_SCAN {
+                    candidates.push((key.to_vec(), age));
                 }
             }
             last = Some(key);
@@ -396,12 +402,22 @@ impl ReconcileTask {
     }
 
     fn publish(&self, r: &ScanReport) {
+        if r.unreadable > 0 {
+            tracing::warn!(
+                task = %self.label,
+                unreadable = r.unreadable,
+                "open events in the reconciler store that this version cannot read (a newer tally wrote \
+                 them, or they are damaged) are not judged until a trace record of theirs rewrites them; \
+                 run the version that wrote them"
+            );
+        }
         self.metrics.emit(OpenEventsScanned {
             task: &self.label,
             open: r.open,
             stuck: r.stuck,
             oldest_age_ms: r.oldest_age_ms,
             failed: r.failed,
+            unreadable: r.unreadable,
         });
     }
 }
@@ -541,6 +557,7 @@ impl Drop for ReconcileTask {
         let _ = m.reconcile_oldest_open_age_seconds.remove_label_values(&l);
         let _ = m.reconcile_unconsumed_records.remove_label_values(&l);
         let _ = m.reconcile_failed_events.remove_label_values(&l);
+        let _ = m.reconcile_unreadable_events.remove_label_values(&l);
         let _ = m.reconcile_longest_wait_seconds.remove_label_values(&l);
     }
 }

@@ -8,6 +8,7 @@ pub mod ledger;
 pub mod live;
 pub mod offline;
 pub mod progress;
+pub mod record_cap;
 pub mod records;
 pub mod report;
 pub mod report_file;

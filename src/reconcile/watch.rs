@@ -92,14 +92,18 @@ struct WatchState {
 
 impl WatchState {
     /// The latest time the record at `offset` can have been appended: the first mark past it,
-    /// or its timestamp if earlier (never later than `now_ms`).
+    /// or its timestamp if earlier (never later than `now_ms`). A timestamp at or before the
+    /// epoch says nothing (a producer may set any, and `-1` stands for none).
     fn appended_ms(&self, offset: i64, timestamp_ms: Option<i64>, now_ms: i64) -> i64 {
         let seen = self
             .marks
             .iter()
             .find(|(end, _)| *end > offset)
             .map_or(now_ms, |(_, at)| *at);
-        timestamp_ms.map_or(seen, |ts| ts.min(seen)).min(now_ms)
+        timestamp_ms
+            .filter(|&ts| ts > 0)
+            .map_or(seen, |ts| ts.min(seen))
+            .min(now_ms)
     }
 
     /// Records that the partition ended at `end` at `now_ms`; drops marks below `from`.
@@ -457,6 +461,11 @@ mod tests {
         // An earlier timestamp wins; past every mark, the clock.
         assert_eq!(s.appended_ms(15, Some(1_500), 5_000), 1_500);
         assert_eq!(s.appended_ms(25, None, 5_000), 5_000);
+        // A timestamp at or before the epoch tells nothing: the marks and the clock do.
+        for ts in [0, -1, i64::MIN] {
+            assert_eq!(s.appended_ms(15, Some(ts), 5_000), 2_000, "{ts}");
+            assert_eq!(s.appended_ms(25, Some(ts), 5_000), 5_000, "{ts}");
+        }
     }
 
     #[test]

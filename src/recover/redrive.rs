@@ -5,6 +5,7 @@
 
 use crate::engine::emit::now_ms;
 use crate::engine::{admin, clients, headers};
+use crate::processors::correlation;
 use crate::reconcile::progress::Progress;
 use crate::reconcile::topic::{self, read_to_end};
 use crate::topology::Topology;
@@ -187,9 +188,13 @@ fn select(
             let correlation_header = t
                 .stage_for_topic(topic)
                 .map_or(DEFAULT_CORRELATION_HEADER, |(p, _)| p.correlation_header());
+            // Bounded as the stream and the reconciler bound them: a letter written by anyone
+            // may carry texts whose trace record would not fit, and would stop every later run.
+            let event_id = format!("{topic}/{partition}/{offset}");
+            let correlation_id = header(correlation_header).unwrap_or_default();
             Some((
-                format!("{topic}/{partition}/{offset}"),
-                header(correlation_header).unwrap_or_default(),
+                correlation::carried(&event_id).into_owned(),
+                correlation::carried(&correlation_id).into_owned(),
             ))
         }
         _ => None,

@@ -168,11 +168,14 @@ impl GlobalMappings {
         let Some(raw) = self.db.get(position_key(partition)).map_err(|e| self.rocks(e))? else {
             return Ok(None);
         };
-        let bytes: [u8; 8] = raw
-            .as_slice()
-            .try_into()
-            .map_err(|_| StoreError::CorruptOffset(self.dir.clone(), format!("mappings partition {partition}")))?;
-        Ok(Some(i64::from_be_bytes(bytes)))
+        // A Kafka offset is never negative, and the next one must exist.
+        let offset = <[u8; 8]>::try_from(raw.as_slice())
+            .map(i64::from_be_bytes)
+            .ok()
+            .filter(|o| (0..i64::MAX).contains(o));
+        offset
+            .map(Some)
+            .ok_or_else(|| StoreError::CorruptOffset(self.dir.clone(), format!("mappings partition {partition}")))
     }
 
     /// Deletes every mapping and position and records `topic` as the source: before reading a

@@ -285,11 +285,14 @@ impl TaskStore {
         match raw {
             None => Ok(None),
             Some(bytes) => {
-                let arr: [u8; 8] = bytes
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| StoreError::CorruptOffset(self.dir.clone(), name.clone()))?;
-                Ok(Some(i64::from_be_bytes(arr)))
+                // A Kafka offset is never negative, and the next one must exist.
+                let offset = <[u8; 8]>::try_from(bytes.as_slice())
+                    .map(i64::from_be_bytes)
+                    .ok()
+                    .filter(|o| (0..i64::MAX).contains(o));
+                offset
+                    .map(Some)
+                    .ok_or_else(|| StoreError::CorruptOffset(self.dir.clone(), name.clone()))
             }
         }
     }

@@ -65,6 +65,19 @@ impl Partitioner {
         Self::NAMED.iter().find(|(n, ..)| *n == name).map(|(_, p, _)| *p)
     }
 
+    /// The `partitioner` value that hashes with this partitioner every key, the empty one
+    /// included: tally's producers use it, as librdkafka's `_random` forms send a record with
+    /// an empty key to a random partition, which would part the copies of an event whose
+    /// repartition key renders empty (a template of optional fields), or one entity's outputs.
+    pub fn keyed_property(self) -> Option<&'static str> {
+        match self {
+            Self::Crc32 => Some("consistent"),
+            Self::Murmur2 => Some("murmur2"),
+            Self::Fnv1a => Some("fnv1a"),
+            Self::Unknown => None,
+        }
+    }
+
     /// The name `co_partitioned` gives this partitioner.
     pub fn name(self) -> &'static str {
         Self::NAMED
@@ -167,6 +180,12 @@ mod tests {
             );
         }
         assert_eq!(Partitioner::named("random"), None);
+        for (name, partitioner) in Partitioner::PROPERTY_VALUES {
+            let keyed = partitioner.keyed_property().expect("a keyed form");
+            assert_eq!(Partitioner::of(&props(keyed)), partitioner, "{name} keeps its hash");
+            assert!(!keyed.ends_with("_random"), "{name}: {keyed}");
+        }
+        assert_eq!(Partitioner::Unknown.keyed_property(), None);
         assert_eq!(Partitioner::Unknown.partition(b"k", 3), None);
         assert_eq!(Partitioner::Crc32.partition(b"", 3), None, "empty keys go anywhere");
         assert_eq!(Partitioner::Crc32.partition(b"k", 0), None);

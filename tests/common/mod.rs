@@ -143,6 +143,12 @@ pub fn create_topics(topics: &[(&str, i32)]) {
     }
 }
 
+/// A producer that may send records of up to 2 MB, past the broker's default limit, for
+/// tests of records tally must refuse or carry whole.
+pub fn large_record_producer() -> BaseProducer {
+    client().set("message.max.bytes", "2000000").create().expect("producer")
+}
+
 /// Writes records to `topic` and waits until all are acknowledged.
 pub fn produce(topic: &str, records: &[GeneratedRecord]) {
     produce_paced(topic, records, records.len().max(1), Duration::ZERO);

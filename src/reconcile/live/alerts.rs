@@ -110,7 +110,7 @@ impl AlertWriter<'_> {
             format: ALERT_FORMAT,
             kind,
             event: u,
-            age_ms: now_ms - u.appended_ms,
+            age_ms: now_ms.saturating_sub(u.appended_ms),
             threshold_ms: self.threshold_ms,
             detected_ms: now_ms,
         };
@@ -123,7 +123,7 @@ impl AlertWriter<'_> {
                     topic = %u.topic,
                     partition = u.partition,
                     offset = u.offset,
-                    age_s = (now_ms - u.appended_ms) / 1000,
+                    age_s = now_ms.saturating_sub(u.appended_ms) / 1000,
                     "event appended but not consumed by tally after the threshold"
                 )
             });

@@ -143,6 +143,23 @@ fn commit(t: &mut ReconcileTask) {
 }
 
 #[test]
+fn entries_this_version_cannot_read_are_counted_not_passed_over() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut t = task(tmp.path());
+    t.apply(Some(&record("readable", "RECEIVED", 1_000)))
+        .expect("applies")
+        .expect("valid");
+    commit(&mut t);
+    // A format byte no version has written yet, and a value cut short.
+    t.store.put(0, b"newer", vec![0xEE, 1, 2, 3]);
+    t.store.put(0, b"cut", Vec::new());
+    t.store.take_changes();
+    t.store.commit(&[]).expect("commits");
+    let report = t.scan_step(2_000, 100).expect("steps").report.expect("one step");
+    assert_eq!((report.open, report.failed, report.unreadable), (1, 0, 2));
+}
+
+#[test]
 fn a_failed_event_stays_open_and_alerts_at_once_until_redriven_or_acknowledged() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut t = task(tmp.path());

@@ -122,6 +122,13 @@ fn a_corrupt_changelog_offset_means_a_full_restore() {
     s.take_changes();
     s.commit(&[(0, 5)]).expect("commits");
     let meta = s.cf(META_CF).expect("meta family");
+    for bad in [(-1i64).to_be_bytes(), i64::MAX.to_be_bytes(), i64::MIN.to_be_bytes()] {
+        s.db.put_cf(meta, offset_key("dedup"), bad).expect("writes");
+        assert!(
+            matches!(s.changelog_offset(0), Err(StoreError::CorruptOffset(..))),
+            "{bad:?}"
+        );
+    }
     s.db.put_cf(meta, offset_key("dedup"), b"bad").expect("writes");
     assert!(matches!(s.changelog_offset(0), Err(StoreError::CorruptOffset(..))));
     let resumed = crate::engine::restore::resume_point(&mut s, 0, 0, 0, 100).expect("resumes");
