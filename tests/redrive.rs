@@ -153,3 +153,39 @@ fn a_letter_whose_texts_would_not_fit_its_closing_trace_record_is_redriven() {
     );
     assert_eq!(failed["correlation_id"], derived.as_str());
 }
+
+#[test]
+fn a_letter_its_destination_would_refuse_is_reported_and_the_others_are_sent() {
+    let names = Names::new("redrive-limit");
+    create_topics(&[(&names.input, 1), (&names.output, 1), (&names.dlq, 1)]);
+    let small = format!("{}-small", names.input);
+    create_topics_with(&[(&small, 1)], &[("max.message.bytes", "20000")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Two records that are not JSON, dead-lettered: one of 50 kB, which the topic they are
+    // redriven to refuses, and one of a few bytes.
+    let broken = |key: &str, size: usize| GeneratedRecord {
+        key: key.as_bytes().to_vec(),
+        payload: format!("{{{}", "x".repeat(size)).into_bytes(),
+        headers: vec![],
+    };
+    produce(
+        &names.input,
+        &[broken("large", 50_000), broken("small", 10), payment(1, 0)],
+    );
+    let topology = write_topology_with(dir.path(), &names, 100_000, false);
+    let tally = Tally::start(&topology, "i1", dir.path().join("tally.log"));
+    assert_eq!(wait_for_count(&names.output, 1, Duration::from_secs(90)), 1);
+    assert_eq!(wait_for_count(&names.dlq, 2, Duration::from_secs(60)), 2);
+    tally.stop();
+
+    let (ok, text) = redrive(&topology, &["--reason", "invalid_json", "--to", &small]);
+    assert!(!ok, "a letter that cannot be sent fails the run: {text}");
+    assert!(text.contains("sent 1 dead letter"), "{text}");
+    assert!(
+        text.contains("cannot send 1: the record is over the 20000 bytes") && text.contains(&small),
+        "{text}"
+    );
+    let resent = read_committed(&small, 1, Duration::from_secs(10));
+    assert_eq!(resent.len(), 1);
+    assert_eq!(resent[0].key(), Some(b"small".as_slice()), "the letter that fits");
+}

@@ -3,7 +3,7 @@
 use super::{clients, errors};
 use crate::topology::Topology;
 use anyhow::{bail, Context, Result};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, ConfigResource, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use std::collections::BTreeMap;
@@ -183,21 +183,10 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
     topics.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
     topics.sort();
     topics.dedup();
-    let admin: AdminClient<DefaultClientContext> = clients::base(t)
-        .create()
-        .context("cannot create the Kafka admin client; check `kafka.properties`")?;
-    let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|n| ResourceSpecifier::Topic(n)).collect();
-    let results = rt
-        .block_on(admin.describe_configs(
-            &specifiers,
-            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
-        ))
-        .context("cannot read the configuration of the topics tally writes")?;
+    let configs = topic_configs(t, rt, &topics)?;
     let mut compacted = t.changelog_topics();
     compacted.extend(t.id_mapping.as_ref().map(|m| m.topic.clone()));
-    for (topic, result) in topics.iter().zip(results) {
-        let config = result
-            .map_err(|code| anyhow::anyhow!("cannot read the configuration of topic `{topic}`: {code}{}", fix(code)))?;
+    for (topic, config) in topics.iter().zip(configs) {
         // A changelog whose old records are deleted by age restores a store without them: the
         // keys it forgot come out again as new events.
         let policy = config.get("cleanup.policy").and_then(|e| e.value.as_deref());
@@ -211,15 +200,54 @@ pub fn write_limit(t: &Topology, rt: &Handle) -> Result<(usize, String)> {
                 );
             }
         }
-        let bytes = config
-            .get("max.message.bytes")
-            .and_then(|e| e.value.as_deref())
-            .and_then(|v| v.parse::<usize>().ok());
-        if let Some(bytes) = bytes.filter(|b| *b < limit.0) {
+        if let Some(bytes) = max_message_bytes(&config).filter(|b| *b < limit.0) {
             limit = (bytes, format!("topic `{topic}`'s `max.message.bytes`"));
         }
     }
     Ok(limit)
+}
+
+/// The largest record tally can write to `topic` (which it does not otherwise write: the
+/// destination of `tally redrive --to`), and what sets it: the producer's `message.max.bytes`
+/// or the topic's `max.message.bytes`.
+pub fn message_limit(t: &Topology, rt: &Handle, topic: &str) -> Result<(usize, String)> {
+    let producer = producer_limit(t)?;
+    let config = topic_configs(t, rt, &[topic.to_string()])?;
+    Ok(match config.first().and_then(max_message_bytes) {
+        Some(bytes) if bytes < producer.0 => (bytes, format!("topic `{topic}`'s `max.message.bytes`")),
+        _ => producer,
+    })
+}
+
+/// The configuration of each of `topics`, in their order.
+fn topic_configs(t: &Topology, rt: &Handle, topics: &[String]) -> Result<Vec<ConfigResource>> {
+    let admin: AdminClient<DefaultClientContext> = clients::base(t)
+        .create()
+        .context("cannot create the Kafka admin client; check `kafka.properties`")?;
+    let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|n| ResourceSpecifier::Topic(n)).collect();
+    let results = rt
+        .block_on(admin.describe_configs(
+            &specifiers,
+            &AdminOptions::new().request_timeout(Some(METADATA_TIMEOUT)),
+        ))
+        .context("cannot read the configuration of the topics tally writes")?;
+    topics
+        .iter()
+        .zip(results)
+        .map(|(topic, result)| {
+            result.map_err(|code| {
+                anyhow::anyhow!("cannot read the configuration of topic `{topic}`: {code}{}", fix(code))
+            })
+        })
+        .collect()
+}
+
+/// A topic's `max.message.bytes`, when its configuration gives one.
+fn max_message_bytes(config: &ConfigResource) -> Option<usize> {
+    config
+        .get("max.message.bytes")
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| v.parse::<usize>().ok())
 }
 
 /// Creates the compacted internal topic `topic` with `partitions` unless it exists (tools such

@@ -4,6 +4,7 @@
 //! crash, skips what was already sent, whatever its filters.
 
 use crate::engine::emit::now_ms;
+use crate::engine::producer::record_size;
 use crate::engine::{admin, clients, headers};
 use crate::processors::correlation;
 use crate::reconcile::progress::Progress;
@@ -18,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use rdkafka::message::{BorrowedMessage, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::Message;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 /// Dead letters per transaction.
@@ -92,6 +93,21 @@ struct Letter {
     headers: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
+impl Letter {
+    /// The headers it is sent with: its own, and where it was redriven from.
+    fn sent_headers(&self) -> OwnedHeaders {
+        let hs = self.headers.iter().fold(OwnedHeaders::new(), |h, (name, value)| {
+            headers::add(h, name, value.as_deref())
+        });
+        headers::add(hs, REDRIVEN_FROM_HEADER.as_bytes(), Some(self.coordinates.as_bytes()))
+    }
+
+    /// Its size as sent, as the producer's and the broker's limits count it.
+    fn size(&self) -> usize {
+        record_size(self.key.as_deref(), Some(&self.payload), Some(&self.sent_headers()))
+    }
+}
+
 /// Reads the dead-letter topic up to its end, selects letters, and sends them (not when
 /// `dry_run`), with the topology's bootstrap servers and `kafka.properties`.
 pub fn run(t: &Topology, selection: &Selection, dry_run: bool) -> Result<Outcome> {
@@ -125,10 +141,28 @@ pub fn run(t: &Topology, selection: &Selection, dry_run: bool) -> Result<Outcome
     // more than memory.
     let mut outcome = Outcome::default();
     let mut sender = Sender::new(t, log, dry_run);
+    let mut limits: HashMap<String, (usize, String)> = HashMap::new();
     let progress = Progress::start("dead letters read", "records", true);
     read_to_end(&reader, &t.dead_letter_topic, &mut |m| {
         progress.inc();
         if let Some(letter) = select(t, selection, &done, m, &mut outcome) {
+            // A record the destination refuses would fail its whole batch, in every run.
+            let (limit, by) = match limits.get(&letter.to) {
+                Some(known) => known.clone(),
+                None => {
+                    let found = admin::message_limit(t, rt.handle(), &letter.to)?;
+                    limits.entry(letter.to.clone()).or_insert(found).clone()
+                }
+            };
+            if letter.size() > limit {
+                let why = format!(
+                    "the record is over the {limit} bytes `{}` takes ({by}); raise it, or give --to a topic \
+                     that takes it",
+                    letter.to
+                );
+                *outcome.unsendable.entry(why).or_default() += 1;
+                return Ok(());
+            }
             *outcome
                 .sent
                 .entry((letter.to.clone(), letter.reason.clone()))
@@ -153,7 +187,8 @@ fn select(
 ) -> Option<Letter> {
     let coordinates = format!("{}/{}/{}", m.topic(), m.partition(), m.offset());
     let header = |name: &str| headers::text(m, name).map(str::to_string);
-    let reason = header(REASON_HEADER).unwrap_or_else(|| "unknown".to_string());
+    // Bounded like the ids below: the redrive log records it.
+    let reason = header(REASON_HEADER).map_or_else(|| "unknown".to_string(), |r| correlation::carried(&r).into_owned());
     let source = header(SOURCE_TOPIC_HEADER);
     let pipeline = source
         .as_deref()
@@ -308,11 +343,7 @@ fn send_letter(
     log: &str,
     l: &Letter,
 ) -> Result<()> {
-    let mut hs = l.headers.iter().fold(OwnedHeaders::new(), |h, (name, value)| {
-        headers::add(h, name, value.as_deref())
-    });
-    hs = headers::add(hs, REDRIVEN_FROM_HEADER.as_bytes(), Some(l.coordinates.as_bytes()));
-    let mut record = BaseRecord::to(&l.to).payload(&l.payload).headers(hs);
+    let mut record = BaseRecord::to(&l.to).payload(&l.payload).headers(l.sent_headers());
     if let Some(k) = &l.key {
         record = record.key(k);
     }

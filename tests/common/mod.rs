@@ -126,10 +126,22 @@ impl Names {
 
 /// Creates topics (name, partitions), failing the test if the broker refuses.
 pub fn create_topics(topics: &[(&str, i32)]) {
+    create_topics_with(topics, &[]);
+}
+
+/// Creates `topics` as [`create_topics`] does, each with the topic configuration `config`
+/// (`max.message.bytes`, say).
+pub fn create_topics_with(topics: &[(&str, i32)], config: &[(&str, &str)]) {
     let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
     let new: Vec<NewTopic> = topics
         .iter()
-        .map(|(n, p)| NewTopic::new(n, *p, TopicReplication::Fixed(1)))
+        .map(|(n, p)| {
+            config
+                .iter()
+                .fold(NewTopic::new(n, *p, TopicReplication::Fixed(1)), |t, (k, v)| {
+                    t.set(k, v)
+                })
+        })
         .collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
