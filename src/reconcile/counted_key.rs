@@ -90,7 +90,9 @@ fn split(key: &[u8]) -> (&[u8], &[u8]) {
 fn unescape(escaped: &[u8]) -> Cow<'_, str> {
     let escaped = escaped.strip_suffix(&[0]).unwrap_or(escaped);
     if !escaped.contains(&1) {
-        return String::from_utf8_lossy(escaped);
+        // The ledger holds UTF-8 texts: the validating check is the quick one, the lossy
+        // reading (chunk by chunk, several times slower per key) only a fallback.
+        return std::str::from_utf8(escaped).map_or_else(|_| String::from_utf8_lossy(escaped), Cow::Borrowed);
     }
     let mut out = Vec::with_capacity(escaped.len());
     let mut bytes = escaped.iter();
