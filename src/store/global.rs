@@ -7,6 +7,7 @@ use super::codec::{self, CodecError};
 use super::env::StoreEnv;
 use super::error::StoreError;
 use super::lock::TaskLock;
+use super::offset;
 use super::write::write_store_batch;
 use rocksdb::{Direction, IteratorMode, WriteBatch, DB};
 use std::path::{Path, PathBuf};
@@ -168,12 +169,7 @@ impl GlobalMappings {
         let Some(raw) = self.db.get(position_key(partition)).map_err(|e| self.rocks(e))? else {
             return Ok(None);
         };
-        // A Kafka offset is never negative, and the next one must exist.
-        let offset = <[u8; 8]>::try_from(raw.as_slice())
-            .map(i64::from_be_bytes)
-            .ok()
-            .filter(|o| (0..i64::MAX).contains(o));
-        offset
+        offset::decode(&raw)
             .map(Some)
             .ok_or_else(|| StoreError::CorruptOffset(self.dir.clone(), format!("mappings partition {partition}")))
     }
@@ -236,7 +232,7 @@ impl GlobalMappings {
                 None => batch.delete(entry_key(r.key)),
             }
             written.insert(r.key, has);
-            batch.put(position_key(r.partition), (r.offset + 1).to_be_bytes());
+            batch.put(position_key(r.partition), offset::encode(r.offset + 1));
         }
         Ok((batch, counts))
     }

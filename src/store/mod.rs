@@ -7,6 +7,7 @@ pub mod env;
 pub mod error;
 pub mod global;
 pub mod lock;
+pub mod offset;
 pub mod published;
 pub mod recent;
 pub mod task_store;

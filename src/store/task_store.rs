@@ -4,6 +4,7 @@
 use super::env::StoreEnv;
 use super::error::StoreError;
 use super::lock::TaskLock;
+use super::offset;
 use super::published::Published;
 use super::recent::{Recent, Write, Writes, ENTRY_OVERHEAD};
 use super::write::write_store_batch;
@@ -262,8 +263,8 @@ impl TaskStore {
             return Err(StoreError::Unlogged(self.dir.clone(), unlogged));
         }
         let meta = self.cf(META_CF)?;
-        for &(store, offset) in changelog_offsets {
-            batch.put_cf(meta, offset_key(&self.names[store]), offset.to_be_bytes());
+        for &(store, at) in changelog_offsets {
+            batch.put_cf(meta, offset_key(&self.names[store]), offset::encode(at));
         }
         Ok(batch)
     }
@@ -284,16 +285,9 @@ impl TaskStore {
             .map_err(|e| self.rocks(e))?;
         match raw {
             None => Ok(None),
-            Some(bytes) => {
-                // A Kafka offset is never negative, and the next one must exist.
-                let offset = <[u8; 8]>::try_from(bytes.as_slice())
-                    .map(i64::from_be_bytes)
-                    .ok()
-                    .filter(|o| (0..i64::MAX).contains(o));
-                offset
-                    .map(Some)
-                    .ok_or_else(|| StoreError::CorruptOffset(self.dir.clone(), name.clone()))
-            }
+            Some(bytes) => offset::decode(&bytes)
+                .map(Some)
+                .ok_or_else(|| StoreError::CorruptOffset(self.dir.clone(), name.clone())),
         }
     }
 
@@ -342,7 +336,7 @@ impl TaskStore {
                     None => batch.delete_cf(cf, key),
                 }
             }
-            batch.put_cf(meta, offset_key(&self.names[store]), last_offset.to_be_bytes());
+            batch.put_cf(meta, offset_key(&self.names[store]), offset::encode(last_offset));
             Ok(batch)
         })?;
         self.recent.forget(store);
